@@ -1,0 +1,167 @@
+"""The handle :func:`accel.get_accelerator` returns."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeVar, final
+
+from accel.transaction import RestorePoint
+from accel.types import TIE_CHECK_MODES, AcceleratorSpec, MoveContext, TieCheck
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from accel.registry import AcceleratorRegistry
+
+__all__ = ["Accelerator"]
+
+_Model = TypeVar("_Model", bound="nn.Module")
+
+
+@final
+class Accelerator:
+    """One selected accelerator and device: moves models and batches there.
+
+    Obtain it from :func:`accel.get_accelerator` or
+    :meth:`AcceleratorRegistry.get_accelerator`; every operation runs the hooks of
+    this accelerator's plugin and of cross-cutting plugins, never another
+    accelerator's.
+    """
+
+    __slots__ = ("_registry", "_tie_check", "device", "index", "spec")
+
+    def __init__(
+        self,
+        *,
+        registry: AcceleratorRegistry,
+        spec: AcceleratorSpec,
+        index: int | None,
+        device: torch.device,
+        tie_check: TieCheck = "error",
+    ) -> None:
+        self._registry = registry
+        #: What the plugin declared: name, aliases, priority, description.
+        self.spec = spec
+        #: The device index asked for (``None``: the accelerator's default device).
+        self.index = index
+        #: The :class:`torch.device` models and batches move to, e.g. ``xla:0``.
+        self.device = device
+        self._tie_check: TieCheck = tie_check
+
+    @property
+    def name(self) -> str:
+        """Canonical accelerator name, e.g. ``"tpu"`` (also when selected as ``"xla"``)."""
+        return self.spec.name
+
+    @property
+    def tie_check(self) -> TieCheck:
+        """What a move does when tied weights came apart.
+
+        ``"error"`` (default) raises :class:`accel.WeightTyingError` and restores the
+        model, ``"warn"`` warns and keeps the moved model, ``"off"`` re-ties without
+        checking. Only accelerators whose moves can untie weights (TPU) check at all.
+        """
+        return self._tie_check
+
+    @tie_check.setter
+    def tie_check(self, value: TieCheck) -> None:
+        if value not in TIE_CHECK_MODES:
+            raise ValueError(
+                f"tie_check must be one of {', '.join(map(repr, TIE_CHECK_MODES))}, got {value!r}"
+            )
+        self._tie_check = value
+
+    def __repr__(self) -> str:
+        return f"Accelerator(name={self.name!r}, device={str(self.device)!r})"
+
+    def is_available(self) -> bool:
+        """Whether the accelerator can still be used (asks its plugin again)."""
+        return self._registry.availability(self.name).available
+
+    def device_count(self) -> int:
+        """How many devices of this accelerator the process can use."""
+        return self._registry.device_count(self.name)
+
+    @property
+    def distributed_backend(self) -> str:
+        """The :mod:`torch.distributed` backend for this accelerator, e.g. ``"nccl"``."""
+        return self._registry._query(self.name, "distributed_backend", str)
+
+    def model_to_device(
+        self,
+        model: _Model,
+        *,
+        optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
+    ) -> _Model:
+        """Move ``model`` to :attr:`device` through the plugins' hooks and return it.
+
+        Runs ``pre_move_hook``, ``model_to_device`` and ``post_move_hook`` (the TPU
+        plugin re-ties and validates tied weights there). If any step fails, the
+        model is restored exactly as it was (same objects, devices, values, ties and
+        gradients) and the exception is re-raised with a note saying so.
+
+        :param optimizer: optimizer(s) built on the model's parameters; their
+            parameter groups and state are remapped to the moved parameters.
+        """
+        from torch import nn
+
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"model_to_device expects a torch.nn.Module, got {type(model).__name__}; "
+                f"use batch_to_device for tensors and containers of tensors"
+            )
+        optimizers = _as_optimizer_list(optimizer)
+        restore_point = RestorePoint(model)
+        context = MoveContext(self.name, self.device, self._tie_check)
+        hook_args: dict[str, Any] = {"model": model, "device": self.device, "context": context}
+        try:
+            self._registry.call(self.name, "pre_move_hook", **hook_args)
+            moved = self._registry.call(self.name, "model_to_device", **hook_args)
+            if not isinstance(moved, nn.Module):
+                raise TypeError(
+                    f"model_to_device hook for {self.name!r} returned "
+                    f"{type(moved).__name__}, not a torch.nn.Module"
+                )
+            self._registry.call(
+                self.name, "post_move_hook", model=moved, device=self.device, context=context
+            )
+            if optimizers:
+                from accel.optimizers import retarget_optimizers
+
+                retarget_optimizers(optimizers, restore_point, self.device)
+        except BaseException as exc:
+            restore_point.restore()
+            if hasattr(exc, "add_note"):
+                exc.add_note(
+                    f"accel: moving the model to {self.device} failed; the model was "
+                    "restored as it was before the move."
+                )
+            raise
+        return moved  # type: ignore[return-value]
+
+    def batch_to_device(self, batch: Any) -> Any:
+        """Move every tensor in ``batch`` (nested dicts, lists, tuples, namedtuples,
+        dataclasses) to :attr:`device`, keeping container types; other values pass
+        through unchanged.
+        """
+        return self._registry.call(self.name, "batch_to_device", batch=batch, device=self.device)
+
+
+def _as_optimizer_list(
+    optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None,
+) -> list[torch.optim.Optimizer]:
+    import torch
+
+    if optimizer is None:
+        return []
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return [optimizer]
+    optimizers = list(optimizer)
+    for item in optimizers:
+        if not isinstance(item, torch.optim.Optimizer):
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer or an iterable of them, "
+                f"found {type(item).__name__}"
+            )
+    return optimizers

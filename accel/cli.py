@@ -1,0 +1,236 @@
+"""The ``accel`` command: see what this machine offers, run the demo, check a model.
+
+Only the subcommand that runs imports torch, so ``accel --help`` stays fast.
+Errors print one line and exit with status 2; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_ERROR = 2
+
+
+class CliError(Exception):
+    """A user error the CLI reports in one line."""
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="accel",
+        description="Accelerator plugins for PyTorch: list, inspect, demo, check.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    listing = commands.add_parser("list", help="list every accelerator and whether it is usable")
+    listing.add_argument("--json", action="store_true", help="print JSON for machines")
+    listing.set_defaults(run=_cmd_list)
+
+    info = commands.add_parser("info", help="details of one accelerator, for bug reports")
+    info.add_argument(
+        "name", nargs="?", default=None, help="name (default: $ACCEL_ACCELERATOR or auto)"
+    )
+    info.add_argument("--json", action="store_true", help="print JSON for machines")
+    info.set_defaults(run=_cmd_info)
+
+    demo = commands.add_parser("demo", help="move a tiny tied language model and train it")
+    demo.add_argument("--accelerator", "-a", default=None, help="name (default: auto)")
+    demo.add_argument("--steps", type=_positive_int, default=20, help="training steps (20)")
+    demo.set_defaults(run=_cmd_demo)
+
+    check = commands.add_parser("check", help="move a model of yours and check its ties")
+    check.add_argument("factory", metavar="MODULE:FACTORY", help="callable that builds the model")
+    check.add_argument("--accelerator", "-a", default=None, help="name (default: auto)")
+    check.set_defaults(run=_cmd_check)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print("accel: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"accel: error: {type(exc).__name__}: {message}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    import accel
+
+    infos = accel.list_accelerators()
+    if args.json:
+        print(json.dumps([asdict(info) for info in infos], indent=2))
+        return EXIT_OK
+    rows = [["NAME", "ALIASES", "AVAILABLE", "DEVICES", "PRIORITY", "PROVIDER", "NOTES"]]
+    for info in infos:
+        note = info.reason
+        if info.available and not info.auto:
+            note = "not chosen by auto" + (f" ({info.reason})" if info.reason else "")
+        if info.remedy:
+            note += f"; to enable: {info.remedy}"
+        rows.append(
+            [
+                info.name,
+                ",".join(info.aliases) or "-",
+                "yes" if info.available else "no",
+                str(info.device_count),
+                str(info.priority),
+                info.provider,
+                note,
+            ]
+        )
+    _print_table(rows)
+    return EXIT_OK
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": sys.version.split()[0]}
+    for package in ("accel", "torch", "torch_xla", "pluggy"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def _memory(device: Any) -> dict[str, int] | None:
+    import torch
+
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return {"free_bytes": int(free), "total_bytes": int(total)}
+    if device.type == "xla":
+        import torch_xla.core.xla_model as xm
+
+        info = xm.get_memory_info(device)
+        return {k: int(v) for k, v in info.items() if isinstance(v, int)}
+    return None
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import accel
+
+    acc = accel.get_accelerator(args.name)
+    report: dict[str, Any] = {
+        "accelerator": acc.name,
+        "description": acc.spec.description,
+        "device": str(acc.device),
+        "device_count": acc.device_count(),
+        "distributed_backend": acc.distributed_backend,
+    }
+    try:
+        report["memory"] = _memory(acc.device)
+    except Exception as exc:  # memory figures are a nicety, never a failure
+        report["memory"] = f"unavailable ({type(exc).__name__})"
+    report["versions"] = _versions()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    for key, value in report.items():
+        if isinstance(value, dict):
+            print(f"{key}:")
+            for sub_key, sub_value in value.items():
+                print(f"  {sub_key}: {sub_value}")
+        else:
+            print(f"{key}: {value if value is not None else '-'}")
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from accel.demo import run_demo
+
+    report = run_demo(args.accelerator, steps=args.steps)
+    return EXIT_OK if report.ties_held else EXIT_CHECK_FAILED
+
+
+def _load_factory(spec: str) -> Callable[[], Any]:
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise CliError(f"expected MODULE:FACTORY such as 'mypkg.models:build', got {spec!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"cannot import module {module_name!r}: {exc}") from exc
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise CliError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if not callable(target):
+        raise CliError(f"{spec!r} is not callable (found {type(target).__name__})")
+    factory: Callable[[], Any] = target
+    return factory
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    import accel
+    from accel.tying import count_unique_parameters, find_tied_parameters
+
+    if "" not in sys.path:
+        sys.path.insert(0, "")  # like `python -m`: modules in the current directory
+    from torch import nn
+
+    model = _load_factory(args.factory)()
+    if not isinstance(model, nn.Module):
+        raise CliError(f"{args.factory} returned {type(model).__name__}, not a torch.nn.Module")
+    acc = accel.get_accelerator(args.accelerator)
+    groups = find_tied_parameters(model)
+    before = count_unique_parameters(model)
+    print(f"model: {type(model).__name__}, {before} unique parameters")
+    print(f"tied groups: {len(groups)}")
+    for group in groups:
+        print(f"  {group.kind}s: {', '.join(group.names)}")
+    print(f"moving to {acc.device} ({acc.name})")
+    try:
+        model = acc.model_to_device(model)
+    except accel.WeightTyingError as exc:
+        print(f"validation FAILED:\n{exc}")
+        return EXIT_CHECK_FAILED
+    after = count_unique_parameters(model)
+    held = [group.is_tied() for group in groups]
+    for group, ok in zip(groups, held, strict=True):
+        print(f"  {'held  ' if ok else 'BROKEN'} {', '.join(group.names)}")
+    print(f"unique parameters: before {before}, after {after}")
+    passed = all(held) and before == after
+    print(f"result: {'every tie held' if passed else 'ties came apart'}")
+    return EXIT_OK if passed else EXIT_CHECK_FAILED

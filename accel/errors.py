@@ -1,0 +1,69 @@
+"""The exceptions accel raises.
+
+Every message says what was asked, what was found, and what to do about it.
+`AcceleratorError` is the base, so ``except accel.AcceleratorError`` catches
+everything accel itself raises; each subclass also derives from the built-in
+exception a caller would naturally expect.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AcceleratorError",
+    "AcceleratorNotFoundError",
+    "AcceleratorUnavailableError",
+    "PluginError",
+    "WeightTyingError",
+]
+
+
+class AcceleratorError(Exception):
+    """Base class of every error accel raises on purpose."""
+
+
+class AcceleratorNotFoundError(AcceleratorError, LookupError):
+    """No registered accelerator has the requested name or alias."""
+
+    def __init__(self, message: str, *, requested: str, known: list[str], suggestion: str | None):
+        super().__init__(message)
+        #: The name as the caller gave it.
+        self.requested = requested
+        #: Every name and alias the registry knows.
+        self.known = known
+        #: The closest known name, if any is close.
+        self.suggestion = suggestion
+
+
+class AcceleratorUnavailableError(AcceleratorError, RuntimeError):
+    """The accelerator is known, but cannot be used in this process."""
+
+    def __init__(self, message: str, *, accelerator: str, reason: str = ""):
+        super().__init__(message)
+        #: Canonical name of the accelerator that was asked for.
+        self.accelerator = accelerator
+        #: Why it is unavailable, as its plugin reported it.
+        self.reason = reason
+
+
+class WeightTyingError(AcceleratorError, RuntimeError):
+    """Parameters that were tied before a move are no longer tied after it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        count_before: int,
+        count_after: int,
+        broken_groups: list[tuple[str, ...]],
+    ):
+        super().__init__(message)
+        #: Unique parameters before the move.
+        self.count_before = count_before
+        #: Unique parameters after the move (and the re-tie).
+        self.count_after = count_after
+        #: The qualified names of every group that came apart.
+        self.broken_groups = broken_groups
+
+
+class PluginError(AcceleratorError):
+    """A plugin is malformed, conflicts with another, or misbehaved."""

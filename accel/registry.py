@@ -1,0 +1,682 @@
+"""The accelerator registry: a pluggy plugin manager plus name resolution.
+
+Each :class:`AcceleratorRegistry` owns its own :class:`pluggy.PluginManager`, so two
+registries in one process never see each other's plugins. Plugins are loaded on
+first use, not at construction, and never at ``import accel``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+
+import pluggy
+
+from accel import hookspecs
+from accel.errors import (
+    AcceleratorNotFoundError,
+    AcceleratorUnavailableError,
+    PluginError,
+)
+from accel.markers import PROJECT_NAME
+from accel.types import (
+    TIE_CHECK_MODES,
+    AcceleratorInfo,
+    AcceleratorSpec,
+    Availability,
+    TieCheck,
+    normalize_name,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from accel.accelerator import Accelerator
+
+__all__ = ["AcceleratorRegistry", "PluginFailure", "PluginWarning"]
+
+#: Environment variable naming the accelerator ``get_accelerator()`` picks by default.
+ACCELERATOR_ENV: Final = "ACCEL_ACCELERATOR"
+#: Environment variable that, set to ``1``, skips entry-point plugins.
+DISABLE_AUTOLOAD_ENV: Final = "ACCEL_DISABLE_PLUGIN_AUTOLOAD"
+#: Environment variable with a comma-separated allow-list of entry-point plugins.
+PLUGINS_ENV: Final = "ACCEL_PLUGINS"
+
+BUILTIN_PROVIDER: Final = "built-in"
+_AUTO: Final = "auto"
+_HOOK_NAMES: Final = tuple(hookspecs.__all__)
+_T = TypeVar("_T")
+
+
+class PluginWarning(UserWarning):
+    """A plugin could not be loaded; the others keep working."""
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that failed to load or register, and why."""
+
+    #: The entry point's (or plugin's) name.
+    name: str
+    #: The distribution that shipped it ("name version"), or how it was registered.
+    provider: str
+    #: The error, as one line.
+    error: str
+
+
+@dataclass(frozen=True)
+class _Registration:
+    spec: AcceleratorSpec
+    plugin: object
+    provider: str
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _plugin_label(plugin: object) -> str:
+    if isinstance(plugin, ModuleType):
+        return plugin.__name__
+    return f"{type(plugin).__module__}.{type(plugin).__qualname__}"
+
+
+def parse_accelerator_name(name: object) -> tuple[str, int | None]:
+    """Split ``"cuda:1"`` into ``("cuda", 1)``; normalise case and whitespace."""
+    if not isinstance(name, str):
+        raise TypeError(
+            f"accelerator name must be a str such as 'cpu', 'cuda:1' or 'auto', "
+            f"got {type(name).__name__}: {name!r}"
+        )
+    text = normalize_name(name)
+    if not text:
+        raise ValueError(
+            f"accelerator name is empty ({name!r}): pass a name such as 'cpu', 'cuda' "
+            f"or 'auto', or unset ${ACCELERATOR_ENV}"
+        )
+    base, sep, index_text = text.partition(":")
+    base = base.strip()
+    if not sep:
+        return base, None
+    index_text = index_text.strip()
+    if not index_text.isdigit():
+        raise ValueError(
+            f"bad device index in accelerator name {name!r}: expected 'NAME:INDEX' with "
+            f"a non-negative integer INDEX, like 'cuda:1'"
+        )
+    return base, int(index_text)
+
+
+@final
+class AcceleratorRegistry:
+    """A set of accelerator plugins and the way to select among them.
+
+    :param entry_points: entry-point group to load third-party plugins from, or
+        ``None`` to load none. Embedding libraries may use a group of their own.
+    :param builtins: register the built-in ``cpu``, ``cuda``, ``mps`` and ``tpu``
+        plugins.
+    :param plugins: allow-list of entry-point names (or distribution names) to load;
+        ``None`` means ``$ACCEL_PLUGINS`` if set, else all.
+    :param autoload: load entry points at all; ``None`` means "unless
+        ``$ACCEL_DISABLE_PLUGIN_AUTOLOAD=1``".
+
+    Nothing is loaded until the registry is first used.
+    """
+
+    def __init__(
+        self,
+        *,
+        entry_points: str | None = PROJECT_NAME,
+        builtins: bool = True,
+        plugins: Iterable[str] | None = None,
+        autoload: bool | None = None,
+    ) -> None:
+        self._entry_point_group = entry_points
+        self._builtins = builtins
+        self._allowed = None if plugins is None else {normalize_name(p) for p in plugins}
+        self._autoload = autoload
+        self._pm = pluggy.PluginManager(PROJECT_NAME)
+        self._pm.add_hookspecs(hookspecs)
+        # Re-entrant: loading registers plugins, and registering makes sure loading ran.
+        self._lock = threading.RLock()
+        self._loaded = False
+        self._registrations: dict[str, _Registration] = {}
+        # Every name and alias -> the canonical names it may mean, in registration order.
+        self._names: dict[str, list[str]] = {}
+        self._accelerator_plugins: dict[int, object] = {}
+        self._failures: list[PluginFailure] = []
+        self._caller_cache: dict[tuple[str, str], Any] = {}
+
+    # -- loading ---------------------------------------------------------------
+
+    def _ensure_loaded(self) -> None:
+        if self._loaded:
+            return
+        with self._lock:
+            if self._loaded:
+                return
+            self._register_core()
+            if self._builtins:
+                self._register_builtins()
+            if self._autoload_enabled():
+                self._load_entry_points()
+            # Set last: other threads wait on the lock until the registry is whole.
+            self._loaded = True
+
+    def _autoload_enabled(self) -> bool:
+        if self._entry_point_group is None:
+            return False
+        if self._autoload is not None:
+            return self._autoload
+        return not _env_flag(DISABLE_AUTOLOAD_ENV)
+
+    def _register_core(self) -> None:
+        from accel import fallbacks
+
+        self._pm.register(fallbacks, name="accel.fallbacks")
+
+    def _register_builtins(self) -> None:
+        from accel.plugins import BUILTIN_PLUGINS
+
+        for name, factory in BUILTIN_PLUGINS:
+            self._register(factory(), name=f"accel.builtin.{name}", provider=BUILTIN_PROVIDER)
+
+    def _allowed_names(self) -> set[str] | None:
+        if self._allowed is not None:
+            return self._allowed
+        raw = os.environ.get(PLUGINS_ENV)
+        if raw is None or not raw.strip():
+            return None
+        return {normalize_name(part) for part in raw.split(",") if part.strip()}
+
+    def _load_entry_points(self) -> None:
+        from importlib.metadata import entry_points
+
+        assert self._entry_point_group is not None
+        allowed = self._allowed_names()
+        for entry_point in entry_points(group=self._entry_point_group):
+            dist = entry_point.dist
+            dist_name = dist.metadata["Name"] if dist is not None else "unknown distribution"
+            provider = f"{dist_name} {dist.version}" if dist is not None else dist_name
+            if allowed is not None and not (
+                {normalize_name(entry_point.name), normalize_name(dist_name)} & allowed
+            ):
+                continue
+            if self._pm.has_plugin(entry_point.name):
+                continue  # the same distribution installed twice on sys.path
+            try:
+                loaded = entry_point.load()
+                plugin = loaded() if isinstance(loaded, type) else loaded
+                self._register(plugin, name=entry_point.name, provider=provider)
+            except Exception as exc:
+                self._record_failure(entry_point.name, provider, exc)
+
+    def _record_failure(self, name: str, provider: str, exc: BaseException) -> None:
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        self._failures.append(PluginFailure(name=name, provider=provider, error=error))
+        warnings.warn(
+            f"accel plugin {name!r} from {provider} failed to load and was skipped "
+            f"({error}); the other accelerators still work. Fix or uninstall it, or set "
+            f"{DISABLE_AUTOLOAD_ENV}=1 / {PLUGINS_ENV}=... to skip third-party plugins.",
+            PluginWarning,
+            stacklevel=4,
+        )
+
+    # -- registration ----------------------------------------------------------
+
+    def register(self, plugin: object, name: str | None = None, *, override: bool = False) -> None:
+        """Register a plugin object (a module or an instance with ``@accel.hookimpl`` methods).
+
+        :param name: plugin name; defaults to pluggy's (the object's id).
+        :param override: let this plugin's accelerators replace registered ones with
+            the same name or alias (built-ins included), instead of raising
+            :class:`PluginError`.
+        """
+        self._ensure_loaded()
+        with self._lock:
+            self._register(plugin, name=name, provider=_plugin_label(plugin), override=override)
+
+    def unregister(self, plugin: object) -> None:
+        """Remove a plugin and every accelerator it declared."""
+        self._ensure_loaded()
+        with self._lock:
+            self._pm.unregister(plugin)
+            self._forget(plugin)
+
+    def _forget(self, plugin: object) -> None:
+        for canonical in [n for n, r in self._registrations.items() if r.plugin is plugin]:
+            del self._registrations[canonical]
+            for names in self._names.values():
+                if canonical in names:
+                    names.remove(canonical)
+        self._names = {k: v for k, v in self._names.items() if v}
+        self._accelerator_plugins.pop(id(plugin), None)
+        self._caller_cache.clear()
+
+    def _register(
+        self, plugin: object, *, name: str | None, provider: str, override: bool = False
+    ) -> None:
+        label = name or _plugin_label(plugin)
+        try:
+            self._pm.register(plugin, name=name)
+        except ValueError as exc:  # pluggy: already registered
+            raise PluginError(f"cannot register plugin {label!r} from {provider}: {exc}") from exc
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(
+                f"plugin {label!r} from {provider} does not match accel's hooks: {exc}. "
+                f"Hook names and arguments are listed in accel.hookspecs."
+            ) from exc
+        try:
+            self._pm.check_pending()
+            specs = self._declared_specs(plugin, label, provider)
+            self._check_conflicts(specs, label, provider, override)
+        except BaseException:
+            self._pm.unregister(plugin)
+            raise
+        for spec in specs:
+            self._registrations[spec.name] = _Registration(spec, plugin, provider)
+            for key in (spec.name, *spec.aliases):
+                self._names.setdefault(key, []).append(spec.name)
+        if specs:
+            self._accelerator_plugins[id(plugin)] = plugin
+        self._caller_cache.clear()
+
+    def _declared_specs(self, plugin: object, label: str, provider: str) -> list[AcceleratorSpec]:
+        impls = [
+            impl
+            for impl in self._pm.hook.register_accelerators.get_hookimpls()
+            if impl.plugin is plugin
+        ]
+        specs: list[AcceleratorSpec] = []
+        for impl in impls:
+            try:
+                returned = impl.function()
+            except Exception as exc:
+                raise PluginError(
+                    f"plugin {label!r} from {provider} raised in register_accelerators: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            declared = _as_spec_list(returned)
+            if declared is None:
+                raise PluginError(
+                    f"plugin {label!r} from {provider}: register_accelerators must return "
+                    f"AcceleratorSpec objects, got {type(returned).__name__}: {returned!r}"
+                )
+            specs.extend(declared)
+        seen: set[str] = set()
+        for spec in specs:
+            if spec.name in seen:
+                raise PluginError(f"plugin {label!r} declares accelerator {spec.name!r} twice")
+            seen.add(spec.name)
+        return specs
+
+    def _check_conflicts(
+        self, specs: list[AcceleratorSpec], label: str, provider: str, override: bool
+    ) -> None:
+        if _AUTO in {n for spec in specs for n in (spec.name, *spec.aliases)}:
+            raise PluginError(f"plugin {label!r} from {provider}: 'auto' is a reserved name")
+        for spec in specs:
+            for key in (spec.name, *spec.aliases):
+                for other_name in self._names.get(key, []):
+                    other = self._registrations[other_name]
+                    is_name_clash = key in (spec.name, other.spec.name)
+                    if not is_name_clash and other.provider == provider:
+                        continue  # one provider may share an alias among its accelerators
+                    if override:
+                        self._pm.unregister(other.plugin)
+                        self._forget(other.plugin)
+                        continue
+                    raise PluginError(
+                        f"accelerator name {key!r} is claimed twice: by {other.spec.name!r} "
+                        f"from {other.provider} and by {spec.name!r} from {provider} "
+                        f"(plugin {label!r}). Uninstall one of them, or register the new one "
+                        f"with override=True to replace the existing one on purpose."
+                    )
+
+    # -- hook dispatch ---------------------------------------------------------
+
+    def hook(self, accelerator: str, hook_name: str) -> Any:
+        """The pluggy hook caller for ``hook_name`` as seen by ``accelerator``.
+
+        It reaches the accelerator's own plugin and every cross-cutting plugin,
+        never another accelerator's plugin. Cached until plugins change.
+        """
+        key = (accelerator, hook_name)
+        caller = self._caller_cache.get(key)
+        if caller is None:
+            with self._lock:
+                owner = self._registrations[accelerator].plugin
+                others = [p for p in self._accelerator_plugins.values() if p is not owner]
+                caller = self._pm.subset_hook_caller(hook_name, remove_plugins=others)
+                self._caller_cache[key] = caller
+        return caller
+
+    def call(self, accelerator: str, hook_name: str, **kwargs: Any) -> Any:
+        """Call a hook for ``accelerator``, naming the plugin at fault on failure."""
+        caller = self.hook(accelerator, hook_name)
+        try:
+            return caller(accelerator=accelerator, **kwargs)
+        except Exception as exc:
+            _note_culprit(exc, caller, hook_name, self._provider_of)
+            raise
+
+    def _query(
+        self, accelerator: str, hook_name: str, expected: type[_T] | tuple[type, ...], **kw: Any
+    ) -> _T:
+        """Call a first-result hook and check the type of what it returned."""
+        result = self.call(accelerator, hook_name, **kw)
+        if isinstance(result, expected) and not (isinstance(result, bool) and expected is int):
+            return result  # type: ignore[return-value]
+        culprit = _find_returner(self.hook(accelerator, hook_name), accelerator, kw, result)
+        who = (
+            f"plugin {culprit!r} ({self._provider_of(culprit)})"
+            if culprit is not None
+            else "no plugin"
+        )
+        names = expected if isinstance(expected, tuple) else (expected,)
+        raise PluginError(
+            f"hook {hook_name!r} for accelerator {accelerator!r} returned "
+            f"{type(result).__name__} ({result!r}) from {who}; expected "
+            f"{' or '.join(t.__name__ for t in names)}. Report this to the plugin's authors."
+        )
+
+    def _provider_of(self, plugin_name: str) -> str:
+        plugin = self._pm.get_plugin(plugin_name)
+        for registration in self._registrations.values():
+            if registration.plugin is plugin:
+                return registration.provider
+        return BUILTIN_PROVIDER if plugin_name.startswith("accel.") else "registered in code"
+
+    # -- probing ---------------------------------------------------------------
+
+    def availability(self, accelerator: str) -> Availability:
+        """Ask the accelerator's plugins whether it can be used; never raises."""
+        try:
+            return self._query(accelerator, "is_available", Availability)
+        except Exception as exc:
+            return Availability(
+                False,
+                reason=f"probing it failed: {type(exc).__name__}: {exc}",
+                remedy="report this to the plugin's authors",
+            )
+
+    def device_count(self, accelerator: str) -> int:
+        """Number of devices of an accelerator; 0 when unavailable."""
+        if not self.availability(accelerator).available:
+            return 0
+        count = self._query(accelerator, "device_count", int)
+        if count < 0:
+            raise PluginError(f"device_count for {accelerator!r} returned {count} (< 0)")
+        return count
+
+    # -- public queries ----------------------------------------------------------
+
+    def list_accelerators(self) -> list[AcceleratorInfo]:
+        """Every registered accelerator, available or not, highest priority first.
+
+        Plugins that failed to load appear too, unavailable, with their error.
+        """
+        self._ensure_loaded()
+        with self._lock:
+            registrations = list(self._registrations.values())
+            failures = list(self._failures)
+        rows = [self._info(r) for r in registrations]
+        rows.sort(key=lambda row: -row.priority)
+        rows.extend(
+            AcceleratorInfo(
+                name=failure.name,
+                aliases=(),
+                available=False,
+                device_count=0,
+                priority=0,
+                provider=failure.provider,
+                description="(plugin failed to load)",
+                reason=f"plugin failed to load: {failure.error}",
+                remedy="fix or uninstall the plugin's distribution",
+                auto=False,
+            )
+            for failure in failures
+        )
+        return rows
+
+    def plugin_failures(self) -> list[PluginFailure]:
+        """Plugins that failed to load or register, with their errors."""
+        self._ensure_loaded()
+        return list(self._failures)
+
+    def names(self) -> list[str]:
+        """Every canonical name and alias, sorted."""
+        self._ensure_loaded()
+        return sorted(self._names)
+
+    def _info(self, registration: _Registration) -> AcceleratorInfo:
+        spec = registration.spec
+        availability = self.availability(spec.name)
+        count = 0
+        reason = availability.reason if not availability.available else ""
+        if availability.available:
+            try:
+                count = self.device_count(spec.name)
+            except Exception as exc:
+                reason = f"device_count failed: {type(exc).__name__}: {exc}"
+        return AcceleratorInfo(
+            name=spec.name,
+            aliases=spec.aliases,
+            available=availability.available and not reason,
+            device_count=count,
+            priority=spec.priority,
+            provider=registration.provider,
+            description=spec.description,
+            reason=reason,
+            remedy=availability.remedy if not availability.available else "",
+            auto=availability.auto,
+        )
+
+    # -- selection ---------------------------------------------------------------
+
+    def get_accelerator(
+        self, name: str | None = None, *, tie_check: TieCheck = "error"
+    ) -> Accelerator:
+        """Return a handle to the accelerator called ``name``.
+
+        :param name: a name or alias, optionally with a device index (``"cuda:1"``),
+            or ``"auto"``. ``None`` means ``$ACCEL_ACCELERATOR``, else ``"auto"``.
+        :param tie_check: what a move does when tied weights came apart:
+            ``"error"`` (raise :class:`WeightTyingError`), ``"warn"`` or ``"off"``.
+        :raises AcceleratorNotFoundError: no accelerator has that name.
+        :raises AcceleratorUnavailableError: it exists but cannot be used here, or
+            the device index is beyond its device count.
+        """
+        from accel.accelerator import Accelerator
+
+        if tie_check not in TIE_CHECK_MODES:
+            raise ValueError(
+                f"tie_check must be one of {', '.join(map(repr, TIE_CHECK_MODES))}, "
+                f"got {tie_check!r}"
+            )
+        self._ensure_loaded()
+        source = "requested"
+        if name is None:
+            from_env = os.environ.get(ACCELERATOR_ENV)
+            if from_env is not None and from_env.strip():
+                name, source = from_env, f"${ACCELERATOR_ENV}"
+            else:
+                name = _AUTO
+        try:
+            base, index = parse_accelerator_name(name)
+        except ValueError as exc:
+            if source != "requested":
+                raise ValueError(f"{exc} (read from {source})") from None
+            raise
+        if base == _AUTO:
+            if index is not None:
+                raise ValueError(
+                    f"'auto' takes no device index (got {name!r}); ask for a named "
+                    f"accelerator such as 'cuda:{index}' instead"
+                )
+            canonical = self._select_auto()
+        else:
+            canonical = self._resolve(base, requested=name, source=source)
+        count = self.device_count(canonical)
+        if index is not None and index >= count:
+            raise AcceleratorUnavailableError(
+                f"device index {index} requested ({name!r}) but {canonical!r} has "
+                f"{count} device{'s' if count != 1 else ''} here (valid: "
+                f"{', '.join(str(i) for i in range(count)) or 'none'}). Ask for "
+                f"{_index_range(canonical, count)}, or check device visibility "
+                f"settings such as CUDA_VISIBLE_DEVICES.",
+                accelerator=canonical,
+                reason=f"index {index} >= device count {count}",
+            )
+        device = self._query(canonical, "get_device", _torch_device_type(), index=index)
+        return Accelerator(
+            registry=self,
+            spec=self._registrations[canonical].spec,
+            index=index,
+            device=device,
+            tie_check=tie_check,
+        )
+
+    def _resolve(self, base: str, *, requested: str, source: str) -> str:
+        candidates = self._names.get(base)
+        if not candidates:
+            known = sorted({*self._names, _AUTO})
+            close = difflib.get_close_matches(base, known, n=1, cutoff=0.6)
+            suggestion = close[0] if close else None
+            hint = f" Did you mean {suggestion!r}?" if suggestion else ""
+            failed = [f.name for f in self._failures if normalize_name(f.name) == base]
+            if failed:
+                hint += f" A plugin named {base!r} is installed but failed to load; see accel list."
+            raise AcceleratorNotFoundError(
+                f"unknown accelerator {requested!r} ({source}).{hint} Known names: "
+                f"{', '.join(known)}. Third-party accelerators come from installed plugins.",
+                requested=requested,
+                known=known,
+                suggestion=suggestion,
+            )
+        if len(candidates) > 1:
+            # A shared alias ("gpu"): the best available of its accelerators.
+            ranked = sorted(candidates, key=lambda n: -self._registrations[n].spec.priority)
+            for canonical in ranked:
+                if self.availability(canonical).available:
+                    return canonical
+            self._raise_unavailable(ranked[0], requested, also=ranked[1:])
+        canonical = candidates[0]
+        if not self.availability(canonical).available:
+            self._raise_unavailable(canonical, requested)
+        return canonical
+
+    def _raise_unavailable(self, canonical: str, requested: str, also: Iterable[str] = ()) -> None:
+        availability = self.availability(canonical)
+        remedy = f" To use it: {availability.remedy}." if availability.remedy else ""
+        alternatives = "".join(
+            f" {other!r} is not available either: {self.availability(other).reason}."
+            for other in also
+        )
+        raise AcceleratorUnavailableError(
+            f"accelerator {canonical!r} (asked for as {requested!r}) is not available: "
+            f"{availability.reason or 'its plugin says so'}.{remedy}{alternatives} "
+            f"Run `accel list` to see what this machine offers.",
+            accelerator=canonical,
+            reason=availability.reason,
+        )
+
+    def _select_auto(self) -> str:
+        candidates = []
+        for position, registration in enumerate(list(self._registrations.values())):
+            availability = self.availability(registration.spec.name)
+            if availability.available and availability.auto:
+                # Highest priority wins; among equals, the one registered first.
+                candidates.append((-registration.spec.priority, position, registration.spec.name))
+        if not candidates:
+            raise AcceleratorUnavailableError(
+                "'auto' found no available accelerator: "
+                + "; ".join(
+                    f"{info.name}: {info.reason or 'not chosen by auto'}"
+                    for info in self.list_accelerators()
+                )
+                + ". Register the built-in plugins (builtins=True) or install one.",
+                accelerator=_AUTO,
+                reason="none available",
+            )
+        return min(candidates)[2]
+
+
+def _as_spec_list(returned: object) -> list[AcceleratorSpec] | None:
+    """``returned`` as a list of specs, or ``None`` if it is anything else."""
+    if isinstance(returned, AcceleratorSpec):
+        return [returned]
+    if not isinstance(returned, Iterable) or isinstance(returned, (str, bytes, Mapping)):
+        return None
+    items = list(returned)
+    if all(isinstance(item, AcceleratorSpec) for item in items):
+        return items
+    return None
+
+
+def _index_range(canonical: str, count: int) -> str:
+    if count <= 1:
+        return f"{canonical!r} or '{canonical}:0'"
+    return f"'{canonical}:0' to '{canonical}:{count - 1}'"
+
+
+def _torch_device_type() -> type[torch.device]:
+    import torch
+
+    return torch.device
+
+
+def _impl_codes(caller: Any) -> list[tuple[Any, Any]]:
+    pairs = []
+    for impl in caller.get_hookimpls():
+        function = getattr(impl.function, "__func__", impl.function)
+        code = getattr(function, "__code__", None)
+        if code is not None:
+            pairs.append((code, impl))
+    return pairs
+
+
+def _note_culprit(
+    exc: BaseException, caller: Any, hook_name: str, provider_of: Callable[[str], str]
+) -> None:
+    """Add a note naming the plugin whose hook implementation raised ``exc``."""
+    codes = dict(_impl_codes(caller))
+    culprit = None
+    traceback = exc.__traceback__
+    while traceback is not None:
+        impl = codes.get(traceback.tb_frame.f_code)
+        if impl is not None:
+            culprit = impl  # keep the innermost: a wrapper may sit outside it
+        traceback = traceback.tb_next
+    if culprit is None or getattr(exc, "_accel_noted", False):
+        return
+    message = (
+        f"raised in hook {hook_name!r} of plugin {culprit.plugin_name!r} "
+        f"({provider_of(culprit.plugin_name)})"
+    )
+    if hasattr(exc, "add_note"):
+        exc.add_note(message)
+    with contextlib.suppress(AttributeError):
+        exc._accel_noted = True  # type: ignore[attr-defined]
+
+
+def _find_returner(caller: Any, accelerator: str, kwargs: dict[str, Any], result: Any) -> Any:
+    """Re-ask each implementation of a first-result hook to find who returned ``result``."""
+    arguments = {"accelerator": accelerator, **kwargs}
+    for impl in reversed(caller.get_hookimpls()):
+        if impl.hookwrapper or impl.wrapper:
+            continue
+        try:
+            value = impl.function(*(arguments[arg] for arg in impl.argnames))
+        except Exception:
+            continue
+        if value is not None and (value is result or type(value) is type(result)):
+            return impl.plugin_name
+    return None

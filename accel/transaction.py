@@ -1,0 +1,103 @@
+"""Undoing a failed model move.
+
+A :class:`RestorePoint` keeps *references* to everything a move can change (the
+objects in every parameter, buffer and submodule slot, each parameter's data,
+gradient and ``requires_grad``), never copies of tensors, so it costs a few
+dictionaries however large the model is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["RestorePoint"]
+
+
+@dataclass(frozen=True)
+class _ParameterState:
+    parameter: nn.Parameter
+    data: torch.Tensor
+    requires_grad: bool
+    grad: torch.Tensor | None
+    grad_data: torch.Tensor | None
+
+
+class RestorePoint:
+    """What a model looked like before a move; :meth:`restore` puts it back."""
+
+    __slots__ = ("_modules", "_parameters")
+
+    def __init__(self, model: nn.Module) -> None:
+        self._modules = [
+            (module, dict(module._parameters), dict(module._buffers), dict(module._modules))
+            for module in model.modules()
+        ]
+        states: dict[int, _ParameterState] = {}
+        for _, parameters, _, _ in self._modules:
+            for parameter in parameters.values():
+                if parameter is None or id(parameter) in states:
+                    continue
+                grad = parameter.grad
+                states[id(parameter)] = _ParameterState(
+                    parameter,
+                    # .data is a new alias of the same storage: a reference, not a copy.
+                    parameter.data,
+                    parameter.requires_grad,
+                    grad,
+                    None if grad is None else grad.data,
+                )
+        self._parameters = list(states.values())
+
+    def moved_parameters(self) -> dict[int, nn.Parameter]:
+        """Map ``id(parameter before the move)`` to the Parameter now in its slot.
+
+        Read after a move: follows every slot captured before it, so a tied
+        parameter maps to the one re-tied object.
+        """
+        moved: dict[int, nn.Parameter] = {}
+        for module, parameters, _, _ in self._modules:
+            for name, before in parameters.items():
+                after = module._parameters.get(name)
+                if before is not None and after is not None and id(before) not in moved:
+                    moved[id(before)] = after
+        return moved
+
+    def restore(self) -> None:
+        """Put every slot, parameter storage and gradient back as captured."""
+        import torch
+
+        for module, parameters, buffers, submodules in self._modules:
+            _replace(module._parameters, parameters)
+            _replace(module._buffers, buffers)
+            _replace(module._modules, submodules)
+        with torch.no_grad():
+            for state in self._parameters:
+                # In-place moves (CPU <-> CUDA) swapped the storage under the same
+                # Parameter object; swap it back.
+                if not _same_storage(state.parameter.data, state.data):
+                    state.parameter.data = state.data
+                grad, grad_data = state.grad, state.grad_data
+                if (
+                    grad is not None
+                    and grad_data is not None
+                    and not _same_storage(grad.data, grad_data)
+                ):
+                    grad.data = grad_data
+                if state.parameter.grad is not state.grad:
+                    state.parameter.grad = state.grad
+                state.parameter.requires_grad_(state.requires_grad)
+
+
+def _replace(target: dict[str, Any], saved: dict[str, Any]) -> None:
+    # Always rebuild: comparing first would call tensors' elementwise __eq__.
+    target.clear()
+    target.update(saved)
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.device == b.device and a.dtype == b.dtype and a.data_ptr() == b.data_ptr()

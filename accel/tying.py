@@ -1,0 +1,168 @@
+"""Finding, restoring and checking tied (shared) parameters and buffers.
+
+A tie is one tensor object registered in several ``(module, name)`` slots, such as
+an embedding weight reused by the output layer. Moving a model to a device whose
+tensors cannot take over a CPU tensor's storage in place (XLA, ``meta``) makes
+:meth:`torch.nn.Module._apply` build a new Parameter for every slot, so a tied
+weight silently becomes several. This module remembers the ties before such a
+move and puts them back after it. It knows nothing about plugins or devices:
+
+>>> snapshot = TyingSnapshot.capture(model)         # doctest: +SKIP
+>>> model = model.to(xla_device)                    # doctest: +SKIP
+>>> snapshot.retie()                                # doctest: +SKIP
+>>> snapshot.check(model).ok                        # doctest: +SKIP
+True
+
+Everything here is one pass over the modules' own ``_parameters`` and ``_buffers``
+dictionaries: linear in the number of slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = [
+    "TieReport",
+    "TiedGroup",
+    "TyingSnapshot",
+    "count_unique_parameters",
+    "find_tied_parameters",
+    "format_tie_failure",
+    "retie",
+]
+
+SlotKind = Literal["parameter", "buffer"]
+
+
+@dataclass(frozen=True)
+class TiedGroup:
+    """Slots that held one and the same tensor object when the group was found."""
+
+    #: ``"parameter"`` or ``"buffer"``.
+    kind: SlotKind
+    #: Qualified names of the slots, in module order, e.g. ``("embed.weight", "head.weight")``.
+    names: tuple[str, ...]
+    #: The ``(module, attribute)`` pairs behind :attr:`names`; the first one's
+    #: tensor is the one every other slot receives on :func:`retie`.
+    slots: tuple[tuple[nn.Module, str], ...] = field(repr=False, compare=False)
+
+    def tensors(self) -> list[torch.Tensor | None]:
+        """The tensors now in each slot."""
+        return [_slot_dict(module, self.kind).get(name) for module, name in self.slots]
+
+    def is_tied(self) -> bool:
+        """Whether every slot holds the same object again (compared with ``is``)."""
+        first, *rest = self.tensors()
+        return first is not None and all(t is first for t in rest)
+
+
+def _slot_dict(module: nn.Module, kind: SlotKind) -> dict[str, torch.Tensor | None]:
+    # The modules' own registries: reading them directly skips the per-call
+    # overhead of named_parameters() and sees every slot, duplicates included.
+    return module._parameters if kind == "parameter" else module._buffers  # type: ignore[return-value]
+
+
+def find_tied_parameters(model: nn.Module, *, buffers: bool = True) -> list[TiedGroup]:
+    """Return every group of slots sharing one tensor, parameters first, then buffers.
+
+    A submodule registered under two names is visited once: its parameters live in
+    one slot, which any move keeps, so it is not a tie.
+    """
+    by_tensor: dict[int, tuple[SlotKind, list[str], list[tuple[nn.Module, str]]]] = {}
+    kinds: tuple[SlotKind, ...] = ("parameter", "buffer") if buffers else ("parameter",)
+    for prefix, module in model.named_modules():
+        for kind in kinds:
+            for name, tensor in _slot_dict(module, kind).items():
+                if tensor is None:
+                    continue
+                entry = by_tensor.setdefault(id(tensor), (kind, [], []))
+                entry[1].append(f"{prefix}.{name}" if prefix else name)
+                entry[2].append((module, name))
+    groups = [
+        TiedGroup(kind, tuple(names), tuple(slots))
+        for kind, names, slots in by_tensor.values()
+        if len(slots) > 1
+    ]
+    groups.sort(key=lambda group: group.kind != "parameter")
+    return groups
+
+
+def retie(groups: list[TiedGroup]) -> None:
+    """Put the first slot's current tensor into every other slot of each group."""
+    for group in groups:
+        first_module, first_name = group.slots[0]
+        shared = _slot_dict(first_module, group.kind)[first_name]
+        for module, name in group.slots[1:]:
+            _slot_dict(module, group.kind)[name] = shared
+
+
+def count_unique_parameters(model: nn.Module) -> int:
+    """The number of distinct Parameter objects in ``model`` (its "layer count")."""
+    seen: set[int] = set()
+    for module in model.modules():
+        for parameter in module._parameters.values():
+            if parameter is not None:
+                seen.add(id(parameter))
+    return len(seen)
+
+
+@dataclass(frozen=True)
+class TieReport:
+    """The outcome of :meth:`TyingSnapshot.check`."""
+
+    count_before: int
+    count_after: int
+    #: Groups whose slots no longer hold one object.
+    broken: tuple[TiedGroup, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.broken and self.count_before == self.count_after
+
+
+@dataclass(frozen=True)
+class TyingSnapshot:
+    """The tied groups and unique parameter count of a model, taken before a move."""
+
+    groups: tuple[TiedGroup, ...]
+    parameter_count: int
+
+    @classmethod
+    def capture(cls, model: nn.Module) -> TyingSnapshot:
+        return cls(tuple(find_tied_parameters(model)), count_unique_parameters(model))
+
+    def retie(self) -> None:
+        """Re-tie every remembered group (see :func:`retie`)."""
+        retie(list(self.groups))
+
+    def check(self, model: nn.Module) -> TieReport:
+        """Compare ``model`` now with the snapshot."""
+        broken = tuple(group for group in self.groups if not group.is_tied())
+        return TieReport(self.parameter_count, count_unique_parameters(model), broken)
+
+
+def format_tie_failure(report: TieReport, device: object) -> str:
+    """Explain a failed :class:`TieReport`: counts, broken groups, what to do."""
+    lines = [
+        f"tied weights came apart moving the model to {device}. "
+        f"Layer count: [Before: {report.count_before} After: {report.count_after}]"
+    ]
+    if report.broken:
+        lines.append("Groups no longer tied (each was one tensor before the move):")
+        lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in report.broken)
+    else:
+        lines.append(
+            "Every remembered group is tied, but the model now has a different number of "
+            "unique parameters: something created or dropped parameters during the move."
+        )
+    lines.append(
+        "accel re-tied the groups it found before the move, then called the model's "
+        "tie_weights(); if that method unties weights on purpose, or replaces them, fix it "
+        "or pass tie_check='warn' (or 'off') to get_accelerator()."
+    )
+    return "\n".join(lines)

@@ -1,0 +1,136 @@
+"""Small value types that plugins return and the registry reports."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "AcceleratorInfo",
+    "AcceleratorSpec",
+    "Availability",
+    "MoveContext",
+    "TieCheck",
+]
+
+#: What the TPU plugin does when ties did not survive a move.
+TieCheck = Literal["error", "warn", "off"]
+TIE_CHECK_MODES: tuple[TieCheck, ...] = ("error", "warn", "off")
+
+# Names are used in "name:index" strings and on the command line, so keep them
+# to something that survives both: lower-case letters, digits, "_" and "-".
+_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_\-]*$")
+
+
+def normalize_name(name: str) -> str:
+    """Return the canonical form of an accelerator name: stripped, lower case."""
+    return name.strip().lower()
+
+
+def _checked_name(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}: {value!r}")
+    name = normalize_name(value)
+    if not _NAME_PATTERN.match(name):
+        raise ValueError(
+            f"{what} {value!r} is not a valid accelerator name: use a letter followed by "
+            "letters, digits, '_' or '-' (no ':', which separates the device index)"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class AcceleratorSpec:
+    """An accelerator a plugin provides, as returned by its ``register_accelerators`` hook.
+
+    >>> AcceleratorSpec("NPU", aliases=("ascend",), priority=150, description="Ascend NPUs")
+    AcceleratorSpec(name='npu', aliases=('ascend',), priority=150, description='Ascend NPUs')
+    """
+
+    #: Canonical name, normalised to lower case.
+    name: str
+    #: Other names that select it. An alias may be shared by several accelerators of
+    #: one provider (the built-in ``gpu`` names both ``cuda`` and ``mps``); it then
+    #: resolves to the highest-priority available one.
+    aliases: tuple[str, ...] = ()
+    #: Rank in ``"auto"`` selection: the highest available priority wins.
+    priority: int = 0
+    #: One line for listings.
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", _checked_name(self.name, "accelerator name"))
+        if isinstance(self.aliases, str):
+            raise TypeError(f"aliases of {self.name!r} must be a tuple of str, not a str")
+        aliases = tuple(_checked_name(alias, "alias") for alias in self.aliases)
+        object.__setattr__(self, "aliases", tuple(a for a in aliases if a != self.name))
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise TypeError(f"priority of {self.name!r} must be an int, got {self.priority!r}")
+        if not isinstance(self.description, str):
+            raise TypeError(f"description of {self.name!r} must be a str")
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether an accelerator can be used here, as returned by ``is_available``.
+
+    >>> Availability(False, reason="torch_xla is not installed", remedy="pip install 'accel[tpu]'")
+    ... # doctest: +ELLIPSIS
+    Availability(available=False, ...)
+    """
+
+    #: It can be selected by name.
+    available: bool
+    #: Why not (or, when available, anything worth knowing).
+    reason: str = ""
+    #: What the user can install or set to make it available.
+    remedy: str = ""
+    #: ``"auto"`` may pick it. False for an accelerator that works when asked for by
+    #: name but should not be chosen silently, e.g. TPU running on XLA:CPU.
+    auto: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.available, bool):
+            raise TypeError(f"Availability.available must be a bool, got {self.available!r}")
+
+
+@dataclass(frozen=True)
+class AcceleratorInfo:
+    """One row of :func:`accel.list_accelerators`."""
+
+    name: str
+    aliases: tuple[str, ...]
+    available: bool
+    device_count: int
+    priority: int
+    #: ``"built-in"``, or the distribution that supplied the plugin ("name version").
+    provider: str
+    description: str
+    #: Why it is unavailable (empty when available).
+    reason: str
+    #: What to install or set to make it available.
+    remedy: str = ""
+    #: ``"auto"`` may choose it.
+    auto: bool = True
+
+
+@dataclass
+class MoveContext:
+    """Passed to every move hook of one :meth:`Accelerator.model_to_device` call.
+
+    Plugins keep what they learn before the move in :attr:`notes` (keyed by a name
+    of their own) and read it back in ``post_move_hook``.
+    """
+
+    #: Canonical name of the accelerator doing the move.
+    accelerator: str
+    #: Where the model is going.
+    device: torch.device
+    #: What to do when tied weights come apart (see :data:`TieCheck`).
+    tie_check: TieCheck = "error"
+    #: Scratch space shared by the hooks of this one move.
+    notes: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fakes import MetaTpuPlugin
+
+import accel
+
+XLA_TIER = os.environ.get("ACCEL_TIER") == "xla"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    has_xla = importlib.util.find_spec("torch_xla") is not None
+    for item in items:
+        if item.get_closest_marker("xla") is None or has_xla:
+            continue
+        if XLA_TIER:
+            raise pytest.UsageError("the XLA tier runs without torch_xla installed")
+        item.add_marker(pytest.mark.skip(reason="needs torch_xla: run `bash scripts/test`"))
+
+
+@pytest.fixture(autouse=True)
+def _clean_accel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ACCEL_ACCELERATOR", "ACCEL_PLUGINS", "ACCEL_DISABLE_PLUGIN_AUTOLOAD"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def registry() -> accel.AcceleratorRegistry:
+    """A registry of the built-ins only, isolated from installed plugins."""
+    return accel.AcceleratorRegistry(entry_points=None)
+
+
+@pytest.fixture
+def meta_tpu() -> accel.Accelerator:
+    """The TPU plugin's hooks, moving to the `meta` device (which unties like XLA)."""
+    reg = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    reg.register(MetaTpuPlugin())
+    return reg.get_accelerator("tpu")
+
+
+@pytest.fixture
+def overwrite_mode() -> Iterator[None]:
+    """Make every conversion build new Parameters, as XLA moves do; restored after."""
+    import torch
+
+    before = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        yield
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(before)

@@ -1,0 +1,106 @@
+"""Tiny models with every kind of tie the tests need, built in code."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TiedLM(nn.Module):
+    """Embedding and output projection share one weight (GPT-2 style)."""
+
+    def __init__(self, vocab: int = 16, width: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.body = nn.Linear(width, width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(self.embed(tokens))))
+
+
+class ThreeWayTie(nn.Module):
+    """One weight in a ModuleList, a ModuleDict and a plain attribute (T5 style)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Linear(4, 4, bias=False)
+        self.blocks = nn.ModuleList([nn.Linear(4, 4, bias=False) for _ in range(2)])
+        self.heads = nn.ModuleDict({"out": nn.Linear(4, 4, bias=False)})
+        self.blocks[1].weight = self.shared.weight
+        self.heads["out"].weight = self.shared.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.tanh(block(x))
+        return self.heads["out"](self.shared(x))
+
+
+class FrozenTie(TiedLM):
+    """The tied weight does not train."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed.weight.requires_grad_(False)
+
+
+class OwnTieWeights(nn.Module):
+    """Ties through its own tie_weights(), as Hugging Face models do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Embedding(10, 6)
+        self.decoder = nn.Linear(6, 10, bias=False)
+        self.tie_weights_calls = 0
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        self.tie_weights_calls += 1
+        self.decoder.weight = self.encoder.weight
+
+
+class UntiesOnPurpose(TiedLM):
+    """A tie_weights() that gives the head a weight of its own."""
+
+    def tie_weights(self) -> None:
+        self.head.weight = nn.Parameter(self.embed.weight.detach().clone())
+
+
+class SharedBuffer(nn.Module):
+    """Two submodules register one buffer tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Linear(3, 3)
+        table = torch.arange(6.0)
+        self.a.register_buffer("table", table)
+        self.b.register_buffer("table", table)
+
+
+class SharedSubmodule(nn.Module):
+    """One whole block registered under two names: not a tie, survives by itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = nn.Linear(4, 4)
+        self.again = self.block
+        self.other = nn.Linear(4, 2)
+
+
+class NoParameters(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.ReLU()
+
+
+ALL_MODELS = {
+    "tied_lm": TiedLM,
+    "three_way": ThreeWayTie,
+    "frozen_tie": FrozenTie,
+    "own_tie_weights": OwnTieWeights,
+    "shared_buffer": SharedBuffer,
+    "shared_submodule": SharedSubmodule,
+    "no_parameters": NoParameters,
+}

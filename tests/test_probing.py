@@ -1,0 +1,173 @@
+"""Probing leaves the process as it was, and explains every "unavailable"."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+import torch
+
+import accel
+from accel.plugins import tpu
+
+
+def _run(code: str, **env: str) -> str:
+    import os
+
+    environment = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}
+    environment.update(env)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
+        check=True,
+    )
+    return result.stdout.strip()
+
+
+def test_import_accel_loads_nothing_heavy() -> None:
+    out = _run(
+        """
+        import sys, accel
+        print(sorted(m for m in ("torch", "torch_xla", "accel.plugins") if m in sys.modules))
+        print(accel.default_registry.__module__)
+        """
+    )
+    assert out.splitlines()[0] == "[]"
+
+
+def test_probing_never_initialises_cuda(registry: accel.AcceleratorRegistry) -> None:
+    registry.list_accelerators()
+    registry.get_accelerator("auto")
+    for name in ("cuda", "gpu"):
+        try:
+            registry.get_accelerator(name)
+        except accel.AcceleratorUnavailableError:
+            pass
+    assert not torch.cuda.is_initialized()
+
+
+def test_a_process_forked_after_probing_can_still_use_cuda() -> None:
+    # On a CUDA build of torch this is the real check (see test_xla.py for the
+    # CUDA-build-without-driver case); on a CPU build it guards the probe's path.
+    out = _run(
+        """
+        import os, accel, torch
+        accel.list_accelerators(); accel.get_accelerator("auto")
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(write, str(torch.cuda._is_in_bad_fork()).encode()); os._exit(0)
+        os.waitpid(pid, 0)
+        print(os.read(read, 16).decode(), torch.cuda.is_initialized())
+        """
+    )
+    assert out == "False False"
+
+
+def test_tpu_without_torch_xla_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "torch_xla" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    availability = tpu.probe_xla()
+    assert not availability.available
+    assert availability.reason == "torch_xla is not installed"
+    assert "pip install 'accel[tpu]'" in availability.remedy
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    with pytest.raises(accel.AcceleratorUnavailableError, match=r"pip install 'accel\[tpu\]'"):
+        registry.get_accelerator("xla")
+
+
+@pytest.fixture
+def torch_xla_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pretend torch_xla is installed, but make importing it fail loudly."""
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        if name == "torch_xla":
+            return importlib.machinery.ModuleSpec("torch_xla", None)
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.delitem(sys.modules, "torch_xla", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_BrokenTorchXla(), *sys.meta_path])
+    monkeypatch.setattr(tpu, "tpu_hardware_present", lambda: False)
+
+
+class _BrokenTorchXla:
+    """Import finder failing like a torch_xla built for another torch does."""
+
+    def find_spec(self, name: str, *args: Any) -> None:
+        if name == "torch_xla" or name.startswith("torch_xla."):
+            raise ImportError("_XLAC.so: undefined symbol: _ZN5torch8autograd")
+
+
+def test_tpu_without_pjrt_device_says_to_set_it(
+    torch_xla_installed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    availability = tpu.probe_xla()
+    assert not availability.available
+    assert "PJRT_DEVICE is not set" in availability.reason
+    assert "PJRT_DEVICE=CPU" in availability.remedy
+
+
+def test_tpu_with_unknown_pjrt_device_names_the_valid_ones(
+    torch_xla_installed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PJRT_DEVICE", "QUANTUM")
+    availability = tpu.probe_xla()
+    assert not availability.available
+    assert "'QUANTUM'" in availability.reason
+    assert "CPU" in availability.remedy and "TPU" in availability.remedy
+
+
+def test_tpu_requested_without_hardware_does_not_touch_the_runtime(
+    torch_xla_installed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    availability = tpu.probe_xla()  # would raise ImportError if it imported torch_xla
+    assert not availability.available
+    assert "no TPU hardware" in availability.reason
+
+
+def test_tpu_whose_import_fails_reports_the_error(
+    torch_xla_installed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    availability = tpu.probe_xla()
+    assert not availability.available
+    assert availability.reason.startswith("importing torch_xla failed: ImportError")
+    assert "undefined symbol" in availability.reason
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    info = {i.name: i for i in registry.list_accelerators()}["tpu"]
+    assert not info.available and "importing torch_xla failed" in info.reason
+
+
+def test_a_plugin_whose_probe_raises_is_reported_unavailable() -> None:
+    class Exploding:
+        @accel.hookimpl
+        def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+            return [accel.AcceleratorSpec("boom")]
+
+        @accel.hookimpl
+        def is_available(self) -> accel.Availability:
+            raise OSError("driver on fire")
+
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(Exploding())
+    info = {i.name: i for i in registry.list_accelerators()}["boom"]
+    assert not info.available
+    assert "OSError: driver on fire" in info.reason
+    assert registry.get_accelerator("auto").name == "cpu"
+    with pytest.raises(accel.AcceleratorUnavailableError, match="driver on fire"):
+        registry.get_accelerator("boom")
