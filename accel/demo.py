@@ -30,6 +30,8 @@ def build_tied_language_model(vocab_size: int = 64, width: int = 32) -> nn.Modul
             self.embed = nn.Embedding(vocab_size, width)
             self.mix = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.LayerNorm(width))
             self.head = nn.Linear(width, vocab_size, bias=False)
+            # Small initial weights: the tied head then starts near a uniform guess.
+            nn.init.normal_(self.embed.weight, std=0.1)
             self.tie_weights()
 
         def tie_weights(self) -> None:

@@ -459,17 +459,21 @@ class AcceleratorRegistry:
     def _info(self, registration: _Registration) -> AcceleratorInfo:
         spec = registration.spec
         availability = self.availability(spec.name)
-        count = 0
-        reason = availability.reason if not availability.available else ""
+        count, count_failed = 0, False
+        # An available accelerator keeps its reason only when it explains why
+        # "auto" passes it over (TPU on XLA:CPU).
+        keep_reason = not (availability.available and availability.auto)
+        reason = availability.reason if keep_reason else ""
         if availability.available:
             try:
                 count = self.device_count(spec.name)
             except Exception as exc:
+                count_failed = True
                 reason = f"device_count failed: {type(exc).__name__}: {exc}"
         return AcceleratorInfo(
             name=spec.name,
             aliases=spec.aliases,
-            available=availability.available and not reason,
+            available=availability.available and not count_failed,
             device_count=count,
             priority=spec.priority,
             provider=registration.provider,
