@@ -9,6 +9,7 @@ dictionaries however large the model is.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -77,20 +78,44 @@ class RestorePoint:
             _replace(module._modules, submodules)
         with torch.no_grad():
             for state in self._parameters:
-                # In-place moves (CPU <-> CUDA) swapped the storage under the same
-                # Parameter object; swap it back.
-                if not _same_storage(state.parameter.data, state.data):
-                    state.parameter.data = state.data
-                grad, grad_data = state.grad, state.grad_data
-                if (
-                    grad is not None
-                    and grad_data is not None
-                    and not _same_storage(grad.data, grad_data)
-                ):
-                    grad.data = grad_data
-                if state.parameter.grad is not state.grad:
-                    state.parameter.grad = state.grad
-                state.parameter.requires_grad_(state.requires_grad)
+                parameter = state.parameter
+                # Holding the gradient would block swap_tensors (it checks use counts).
+                parameter.grad = None
+                _put_back(parameter, state.data, lambda d, s=state: _as_parameter(d, s))
+                if state.grad is not None and state.grad_data is not None:
+                    _put_back(state.grad, state.grad_data, _as_plain_tensor)
+                parameter.grad = state.grad
+                parameter.requires_grad_(state.requires_grad)
+
+
+def _put_back(
+    tensor: torch.Tensor, data: torch.Tensor, rebuild: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    """Make ``tensor`` (the same Python object) hold ``data`` again.
+
+    A move either set ``tensor.data`` in place (CPU <-> CUDA) or, in torch's swap
+    mode and for wrapper subclasses, swapped the tensor's whole implementation;
+    undo whichever happened. Objects the move replaced are untouched and need
+    nothing here.
+    """
+    import torch
+
+    if _same_storage(tensor.data, data):
+        return
+    if torch._has_compatible_shallow_copy_type(tensor, data):
+        tensor.data = data
+    else:
+        torch.utils.swap_tensors(tensor, rebuild(data))
+
+
+def _as_parameter(data: torch.Tensor, state: _ParameterState) -> torch.Tensor:
+    import torch
+
+    return torch.nn.Parameter(data, requires_grad=state.requires_grad)
+
+
+def _as_plain_tensor(data: torch.Tensor) -> torch.Tensor:
+    return data.detach()
 
 
 def _replace(target: dict[str, Any], saved: dict[str, Any]) -> None:

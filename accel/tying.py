@@ -43,22 +43,27 @@ SlotKind = Literal["parameter", "buffer"]
 class TiedGroup:
     """Slots that held one and the same tensor object when the group was found."""
 
-    #: ``"parameter"`` or ``"buffer"``.
+    #: ``"parameter"`` if any slot is a parameter slot, else ``"buffer"``.
     kind: SlotKind
     #: Qualified names of the slots, in module order, e.g. ``("embed.weight", "head.weight")``.
     names: tuple[str, ...]
-    #: The ``(module, attribute)`` pairs behind :attr:`names`; the first one's
-    #: tensor is the one every other slot receives on :func:`retie`.
-    slots: tuple[tuple[nn.Module, str], ...] = field(repr=False, compare=False)
+    #: The ``(module, attribute, slot kind)`` triples behind :attr:`names`. A tensor
+    #: registered both as a parameter and as a buffer has slots of both kinds.
+    slots: tuple[tuple[nn.Module, str, SlotKind], ...] = field(repr=False, compare=False)
 
     def tensors(self) -> list[torch.Tensor | None]:
         """The tensors now in each slot."""
-        return [_slot_dict(module, self.kind).get(name) for module, name in self.slots]
+        return [_slot_dict(module, kind).get(name) for module, name, kind in self.slots]
 
     def is_tied(self) -> bool:
         """Whether every slot holds the same object again (compared with ``is``)."""
         first, *rest = self.tensors()
         return first is not None and all(t is first for t in rest)
+
+    def source_slot(self) -> tuple[nn.Module, str, SlotKind]:
+        """The slot whose tensor :func:`retie` shares: the first parameter slot, so
+        a tensor that is also a buffer stays a Parameter, else the first slot."""
+        return next((slot for slot in self.slots if slot[2] == "parameter"), self.slots[0])
 
 
 def _slot_dict(module: nn.Module, kind: SlotKind) -> dict[str, torch.Tensor | None]:
@@ -68,24 +73,28 @@ def _slot_dict(module: nn.Module, kind: SlotKind) -> dict[str, torch.Tensor | No
 
 
 def find_tied_parameters(model: nn.Module, *, buffers: bool = True) -> list[TiedGroup]:
-    """Return every group of slots sharing one tensor, parameters first, then buffers.
+    """Return every group of slots sharing one tensor, parameter groups first.
 
     A submodule registered under two names is visited once: its parameters live in
     one slot, which any move keeps, so it is not a tie.
     """
-    by_tensor: dict[int, tuple[SlotKind, list[str], list[tuple[nn.Module, str]]]] = {}
+    by_tensor: dict[int, tuple[list[str], list[tuple[nn.Module, str, SlotKind]]]] = {}
     kinds: tuple[SlotKind, ...] = ("parameter", "buffer") if buffers else ("parameter",)
     for prefix, module in model.named_modules():
         for kind in kinds:
             for name, tensor in _slot_dict(module, kind).items():
                 if tensor is None:
                     continue
-                entry = by_tensor.setdefault(id(tensor), (kind, [], []))
-                entry[1].append(f"{prefix}.{name}" if prefix else name)
-                entry[2].append((module, name))
+                names, slots = by_tensor.setdefault(id(tensor), ([], []))
+                names.append(f"{prefix}.{name}" if prefix else name)
+                slots.append((module, name, kind))
     groups = [
-        TiedGroup(kind, tuple(names), tuple(slots))
-        for kind, names, slots in by_tensor.values()
+        TiedGroup(
+            "parameter" if any(kind == "parameter" for _, _, kind in slots) else "buffer",
+            tuple(names),
+            tuple(slots),
+        )
+        for names, slots in by_tensor.values()
         if len(slots) > 1
     ]
     groups.sort(key=lambda group: group.kind != "parameter")
@@ -93,12 +102,13 @@ def find_tied_parameters(model: nn.Module, *, buffers: bool = True) -> list[Tied
 
 
 def retie(groups: list[TiedGroup]) -> None:
-    """Put the first slot's current tensor into every other slot of each group."""
+    """Put each group's source tensor (see :meth:`TiedGroup.source_slot`) into every
+    other slot of the group."""
     for group in groups:
-        first_module, first_name = group.slots[0]
-        shared = _slot_dict(first_module, group.kind)[first_name]
-        for module, name in group.slots[1:]:
-            _slot_dict(module, group.kind)[name] = shared
+        source_module, source_name, source_kind = group.source_slot()
+        shared = _slot_dict(source_module, source_kind)[source_name]
+        for module, name, kind in group.slots:
+            _slot_dict(module, kind)[name] = shared
 
 
 def count_unique_parameters(model: nn.Module) -> int:

@@ -474,7 +474,7 @@ def untie_on_tie_weights(model: nn.Module) -> None:
     def tie_weights() -> None:
         groups = [g for g in find_tied_parameters(model) if g.kind == "parameter"]
         if groups:
-            module, name = groups[0].slots[-1]
+            module, name, _ = groups[0].slots[-1]
             module._parameters[name] = nn.Parameter(module._parameters[name].detach().clone())
         else:
             model.register_parameter("added_by_tie_weights", nn.Parameter(torch.zeros(1)))

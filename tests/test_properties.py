@@ -32,15 +32,6 @@ from strategies import (
 import accel
 from accel.plugins.tpu import TpuPlugin
 
-# A known-failing (xfail) property stops at its first failing example: shrinking it
-# would take minutes and change nothing about the verdict.
-XFAIL_SETTINGS = settings(
-    max_examples=20,
-    deadline=None,
-    phases=[Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow],
-)
-
 # Few, tiny examples: the whole file runs in seconds.
 PROPERTY_SETTINGS = settings(
     max_examples=40,
@@ -107,13 +98,7 @@ def test_swap_mode_meta_move_keeps_ties_counts_and_metadata(model: torch.nn.Modu
     assert_moved(moved, before, torch.device("meta"), values=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: with torch.__future__.set_swap_module_params_on_conversion(True), "
-    "RestorePoint.restore() raises from `parameter.data = saved` (meta/xla vs cpu are "
-    "incompatible for set_data), the model stays moved and the original error is lost",
-)
-@XFAIL_SETTINGS
+@PROPERTY_SETTINGS
 @given(model=module_trees(), where=st.sampled_from(HOOK_FAULTS[1:]))
 def test_swap_mode_failing_move_restores_the_model(model: torch.nn.Module, where: str) -> None:
     assume(any(True for _ in model.parameters()))
@@ -130,13 +115,7 @@ def test_swap_mode_failing_move_restores_the_model(model: torch.nn.Module, where
     assert_restored(model, before)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a Parameter also registered as a buffer forms one TiedGroup of kind "
-    "'parameter'; retie() writes it into the buffer module's _parameters (a new slot) "
-    "and the buffer slot stays untied, yet validation passes",
-)
-@XFAIL_SETTINGS
+@PROPERTY_SETTINGS
 @given(model=module_trees(parameter_as_buffer=True))
 def test_meta_move_keeps_a_parameter_registered_as_a_buffer_tied(
     model: torch.nn.Module,

@@ -209,3 +209,37 @@ def test_tie_check_off_neither_raises_nor_warns(meta_tpu: accel.Accelerator) -> 
     assert meta_tpu.model_to_device(TiedLM()).head.weight.device.type == "meta"
     tied = meta_tpu.model_to_device(TiedLM())
     assert tied.head.weight is tied.embed.weight
+
+
+def test_a_parameter_also_registered_as_a_buffer_stays_one_parameter(
+    meta_tpu: accel.Accelerator,
+) -> None:
+    model = nn.Module()
+    model.a = nn.Linear(2, 2)
+    model.b = nn.Module()
+    model.b.register_buffer("w", model.a.weight)
+    (group,) = find_tied_parameters(model)
+    assert group.kind == "parameter" and group.names == ("a.weight", "b.w")
+    moved = meta_tpu.model_to_device(model)
+    assert list(moved.b._parameters) == []  # no parameter slot appeared
+    assert moved.b._buffers["w"] is moved.a.weight
+    assert isinstance(moved.a.weight, nn.Parameter) and moved.a.weight.device.type == "meta"
+
+
+def test_swap_mode_failed_move_is_restored(meta_tpu: accel.Accelerator) -> None:
+    # torch's swap mode moves by swapping tensor implementations under the same
+    # Parameter objects; a failed move must swap them back.
+    model = UntiesOnPurpose()
+    weight, body = model.embed.weight, model.body.weight
+    body.grad = torch.ones_like(body)
+    grad = body.grad
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        with pytest.raises(accel.WeightTyingError):
+            meta_tpu.model_to_device(model)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)
+    assert model.embed.weight is weight and model.head.weight is weight
+    assert model.body.weight is body and body.device.type == "cpu"
+    assert body.grad is grad and torch.equal(grad, torch.ones_like(body))
