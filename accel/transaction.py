@@ -8,8 +8,9 @@ dictionaries however large the model is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class RestorePoint:
                 parameter = state.parameter
                 # Holding the gradient would block swap_tensors (it checks use counts).
                 parameter.grad = None
-                _put_back(parameter, state.data, lambda d, s=state: _as_parameter(d, s))
+                _put_back(parameter, state.data, functools.partial(_as_parameter, state=state))
                 if state.grad is not None and state.grad_data is not None:
                     _put_back(state.grad, state.grad_data, _as_plain_tensor)
                 parameter.grad = state.grad
@@ -105,7 +106,7 @@ def _put_back(
     if torch._has_compatible_shallow_copy_type(tensor, data):
         tensor.data = data
     else:
-        torch.utils.swap_tensors(tensor, rebuild(data))
+        torch.utils.swap_tensors(tensor, rebuild(data))  # type: ignore[no-untyped-call]
 
 
 def _as_parameter(data: torch.Tensor, state: _ParameterState) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fakes import MetaTpuPlugin
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from strategies import (
     HOOK_FAULTS,
