@@ -34,8 +34,16 @@ def device_count() -> int:
 def get_device(accelerator: str, index: int | None) -> torch.device:
     import torch
 
+    from accel.errors import PluginError
+
     # Out-of-tree backends register their device type under their own name.
-    return torch.device(accelerator, 0 if index is None else index)
+    try:
+        return torch.device(accelerator, 0 if index is None else index)
+    except RuntimeError:
+        raise PluginError(
+            f"torch has no device type {accelerator!r}, so the plugin providing the "
+            f"accelerator {accelerator!r} must implement the get_device hook"
+        ) from None
 
 
 @hookimpl(trylast=True)

@@ -69,6 +69,15 @@ class PluginFailure:
     provider: str
     #: The error, as one line.
     error: str
+    #: Names it tried to claim that another plugin already had; asking for one of
+    #: them raises :class:`PluginError` rather than silently picking a provider.
+    conflicting_names: tuple[str, ...] = ()
+
+
+class _NameConflict(PluginError):
+    def __init__(self, message: str, names: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.names = names
 
 
 @dataclass(frozen=True)
@@ -220,7 +229,8 @@ class AcceleratorRegistry:
 
     def _record_failure(self, name: str, provider: str, exc: BaseException) -> None:
         error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        self._failures.append(PluginFailure(name=name, provider=provider, error=error))
+        conflicting = exc.names if isinstance(exc, _NameConflict) else ()
+        self._failures.append(PluginFailure(name, provider, error, conflicting))
         warnings.warn(
             f"accel plugin {name!r} from {provider} failed to load and was skipped "
             f"({error}); the other accelerators still work. Fix or uninstall it, or set "
@@ -265,21 +275,32 @@ class AcceleratorRegistry:
     ) -> None:
         label = name or _plugin_label(plugin)
         try:
+            hash(plugin)
+        except TypeError:
+            raise PluginError(
+                f"plugin {label!r} from {provider} must be hashable (pluggy keeps plugins in "
+                f"sets); use a module, a class instance, or a dataclass with eq=False"
+            ) from None
+        try:
             self._pm.register(plugin, name=name)
         except ValueError as exc:  # pluggy: already registered
             raise PluginError(f"cannot register plugin {label!r} from {provider}: {exc}") from exc
         except pluggy.PluginValidationError as exc:
+            detail = " ".join(str(exc).split())
             raise PluginError(
-                f"plugin {label!r} from {provider} does not match accel's hooks: {exc}. "
+                f"plugin {label!r} from {provider} does not match accel's hooks: {detail}. "
                 f"Hook names and arguments are listed in accel.hookspecs."
             ) from exc
         try:
-            self._pm.check_pending()
+            self._check_hook_names(plugin, label, provider)
             specs = self._declared_specs(plugin, label, provider)
-            self._check_conflicts(specs, label, provider, override)
+            displaced = self._conflicting_plugins(specs, label, provider, override)
         except BaseException:
             self._pm.unregister(plugin)
             raise
+        for other in displaced:
+            self._pm.unregister(other)
+            self._forget(other)
         for spec in specs:
             self._registrations[spec.name] = _Registration(spec, plugin, provider)
             for key in (spec.name, *spec.aliases):
@@ -317,11 +338,33 @@ class AcceleratorRegistry:
             seen.add(spec.name)
         return specs
 
-    def _check_conflicts(
+    def _check_hook_names(self, plugin: object, label: str, provider: str) -> None:
+        """Reject hook implementations that match no accel hook (typos, stale names)."""
+        try:
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            unknown = [
+                name
+                for name, caller in vars(self._pm.hook).items()
+                if not name.startswith("_")
+                and not caller.has_spec()
+                and any(impl.plugin is plugin for impl in caller.get_hookimpls())
+            ]
+            close = difflib.get_close_matches(unknown[0], _HOOK_NAMES, n=1) if unknown else []
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise PluginError(
+                f"plugin {label!r} from {provider} implements unknown hook "
+                f"{', '.join(map(repr, unknown)) or '?'}.{hint} accel's hooks are: "
+                f"{', '.join(_HOOK_NAMES)}."
+            ) from exc
+
+    def _conflicting_plugins(
         self, specs: list[AcceleratorSpec], label: str, provider: str, override: bool
-    ) -> None:
+    ) -> list[object]:
+        """Plugins whose names the new ``specs`` take over (only with ``override``)."""
         if _AUTO in {n for spec in specs for n in (spec.name, *spec.aliases)}:
             raise PluginError(f"plugin {label!r} from {provider}: 'auto' is a reserved name")
+        displaced: list[object] = []
         for spec in specs:
             for key in (spec.name, *spec.aliases):
                 for other_name in self._names.get(key, []):
@@ -330,15 +373,18 @@ class AcceleratorRegistry:
                     if not is_name_clash and other.provider == provider:
                         continue  # one provider may share an alias among its accelerators
                     if override:
-                        self._pm.unregister(other.plugin)
-                        self._forget(other.plugin)
+                        if other.plugin not in displaced:
+                            displaced.append(other.plugin)
                         continue
-                    raise PluginError(
+                    raise _NameConflict(
                         f"accelerator name {key!r} is claimed twice: by {other.spec.name!r} "
                         f"from {other.provider} and by {spec.name!r} from {provider} "
-                        f"(plugin {label!r}). Uninstall one of them, or register the new one "
-                        f"with override=True to replace the existing one on purpose."
+                        f"(plugin {label!r}). Uninstall one of them, load only one with "
+                        f"{PLUGINS_ENV}=..., or, registering in code, pass override=True to "
+                        f"replace the existing one on purpose.",
+                        names=(key,),
                     )
+        return displaced
 
     # -- hook dispatch ---------------------------------------------------------
 
@@ -549,6 +595,11 @@ class AcceleratorRegistry:
         )
 
     def _resolve(self, base: str, *, requested: str, source: str) -> str:
+        for failure in self._failures:
+            if base in failure.conflicting_names:
+                raise PluginError(
+                    f"cannot select {requested!r} ({source}): {failure.error.partition(': ')[2]}"
+                )
         candidates = self._names.get(base)
         if not candidates:
             known = sorted({*self._names, _AUTO})
