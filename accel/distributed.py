@@ -20,6 +20,7 @@ Importing this module does not import torch; the functions do.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import threading
@@ -437,9 +438,13 @@ def _backend_matches(running: str, wanted: str) -> bool:
     return wanted.lower() in names
 
 
-def destroy_process_group() -> bool:
+def destroy_process_group(*, barrier: bool = True) -> bool:
     """Tear down the process group, whoever started it; safe to call when none runs.
 
+    :param barrier: first wait for every rank to get here. Without it, a rank that
+        finishes early can close the rendezvous store while another is still tearing
+        down, and gloo then aborts that process ("terminate called without an active
+        exception"). Pass ``False`` when a rank may have died, so teardown never waits.
     :returns: whether a group was running.
     """
     global _active
@@ -449,6 +454,9 @@ def destroy_process_group() -> bool:
         _active = None
         if not (dist.is_available() and dist.is_initialized()):
             return False
+        if barrier and dist.get_world_size() > 1:
+            with contextlib.suppress(Exception):  # a dead peer must not block teardown
+                dist.barrier()
         dist.destroy_process_group()
         return True
 
