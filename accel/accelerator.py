@@ -157,11 +157,11 @@ def _as_optimizer_list(
         return []
     if isinstance(optimizer, torch.optim.Optimizer):
         return [optimizer]
+    expected = "optimizer= must be a torch.optim.Optimizer, an iterable of them, or None"
+    if isinstance(optimizer, torch.nn.Module) or not isinstance(optimizer, Iterable):
+        raise TypeError(f"{expected}; got {type(optimizer).__name__}")
     optimizers = list(optimizer)
     for item in optimizers:
         if not isinstance(item, torch.optim.Optimizer):
-            raise TypeError(
-                f"optimizer must be a torch.optim.Optimizer or an iterable of them, "
-                f"found {type(item).__name__}"
-            )
+            raise TypeError(f"{expected}; got an iterable containing {type(item).__name__}")
     return optimizers

@@ -30,7 +30,8 @@ def retarget_optimizers(
     plans = [_plan(optimizer, moved, device) for optimizer in optimizers]
     for optimizer, group_params, state in plans:
         for group, params in zip(optimizer.param_groups, group_params, strict=True):
-            group["params"] = params
+            # In place: some optimizers (LBFGS) keep a reference to this very list.
+            group["params"][:] = params
         optimizer.state.clear()
         optimizer.state.update(state)
 
