@@ -19,11 +19,19 @@ from accel.errors import (
     AcceleratorNotFoundError,
     AcceleratorUnavailableError,
     PluginError,
+    PluginWarning,
     WeightTyingError,
 )
 from accel.markers import hookimpl, hookspec
-from accel.registry import AcceleratorRegistry, PluginFailure, PluginWarning
-from accel.types import AcceleratorInfo, AcceleratorSpec, Availability, MoveContext, TieCheck
+from accel.registry import AcceleratorRegistry
+from accel.types import (
+    AcceleratorInfo,
+    AcceleratorSpec,
+    Availability,
+    MoveContext,
+    PluginFailure,
+    TieCheck,
+)
 
 __version__ = "0.1.0.dev0"
 

@@ -13,6 +13,7 @@ __all__ = [
     "AcceleratorNotFoundError",
     "AcceleratorUnavailableError",
     "PluginError",
+    "PluginWarning",
     "WeightTyingError",
 ]
 
@@ -67,3 +68,7 @@ class WeightTyingError(AcceleratorError, RuntimeError):
 
 class PluginError(AcceleratorError):
     """A plugin is malformed, conflicts with another, or misbehaved."""
+
+
+class PluginWarning(UserWarning):
+    """A plugin could not be loaded; the others keep working."""

@@ -34,7 +34,7 @@ __all__ = ["MARKER_NAME", "OPTION_DEST", "accelerator"]
 MARKER_NAME: Final = "accelerator"
 #: Where ``--accelerator`` is stored: ``config.getoption(OPTION_DEST)``.
 OPTION_DEST: Final = "accel_accelerator"
-# Kept in sync with accel.registry.ACCELERATOR_ENV, spelled out so that loading the
+# Kept in sync with accel._names.ACCELERATOR_ENV, spelled out so that loading the
 # plugin does not import accel.
 _ACCELERATOR_ENV: Final = "ACCEL_ACCELERATOR"
 _AUTO: Final = "auto"
@@ -117,7 +117,7 @@ def _validate_option(config: pytest.Config) -> None:
     requested = _option_value(config)
     if requested is None:
         return
-    from accel.registry import parse_accelerator_name
+    from accel._names import parse_accelerator_name
 
     try:
         base, _index = parse_accelerator_name(requested)

@@ -7,12 +7,11 @@ first use, not at construction, and never at ``import accel``.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
@@ -20,10 +19,20 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 import pluggy
 
 from accel import hookspecs
+from accel._blame import find_returner, note_culprit
+from accel._names import (
+    ACCELERATOR_ENV,
+    AUTO,
+    DISABLE_AUTOLOAD_ENV,
+    PLUGINS_ENV,
+    describe_index_range,
+    parse_accelerator_name,
+)
 from accel.errors import (
     AcceleratorNotFoundError,
     AcceleratorUnavailableError,
     PluginError,
+    PluginWarning,
 )
 from accel.markers import PROJECT_NAME
 from accel.types import (
@@ -31,6 +40,7 @@ from accel.types import (
     AcceleratorInfo,
     AcceleratorSpec,
     Availability,
+    PluginFailure,
     TieCheck,
     normalize_name,
 )
@@ -42,36 +52,9 @@ if TYPE_CHECKING:
 
 __all__ = ["AcceleratorRegistry", "PluginFailure", "PluginWarning"]
 
-#: Environment variable naming the accelerator ``get_accelerator()`` picks by default.
-ACCELERATOR_ENV: Final = "ACCEL_ACCELERATOR"
-#: Environment variable that, set to ``1``, skips entry-point plugins.
-DISABLE_AUTOLOAD_ENV: Final = "ACCEL_DISABLE_PLUGIN_AUTOLOAD"
-#: Environment variable with a comma-separated allow-list of entry-point plugins.
-PLUGINS_ENV: Final = "ACCEL_PLUGINS"
-
 BUILTIN_PROVIDER: Final = "built-in"
-_AUTO: Final = "auto"
 _HOOK_NAMES: Final = tuple(hookspecs.__all__)
 _T = TypeVar("_T")
-
-
-class PluginWarning(UserWarning):
-    """A plugin could not be loaded; the others keep working."""
-
-
-@dataclass(frozen=True)
-class PluginFailure:
-    """A plugin that failed to load or register, and why."""
-
-    #: The entry point's (or plugin's) name.
-    name: str
-    #: The distribution that shipped it ("name version"), or how it was registered.
-    provider: str
-    #: The error, as one line.
-    error: str
-    #: Names it tried to claim that another plugin already had; asking for one of
-    #: them raises :class:`PluginError` rather than silently picking a provider.
-    conflicting_names: tuple[str, ...] = ()
 
 
 class _NameConflict(PluginError):
@@ -95,32 +78,6 @@ def _plugin_label(plugin: object) -> str:
     if isinstance(plugin, ModuleType):
         return plugin.__name__
     return f"{type(plugin).__module__}.{type(plugin).__qualname__}"
-
-
-def parse_accelerator_name(name: object) -> tuple[str, int | None]:
-    """Split ``"cuda:1"`` into ``("cuda", 1)``; normalise case and whitespace."""
-    if not isinstance(name, str):
-        raise TypeError(
-            f"accelerator name must be a str such as 'cpu', 'cuda:1' or 'auto', "
-            f"got {type(name).__name__}: {name!r}"
-        )
-    text = normalize_name(name)
-    if not text:
-        raise ValueError(
-            f"accelerator name is empty ({name!r}): pass a name such as 'cpu', 'cuda' "
-            f"or 'auto', or unset ${ACCELERATOR_ENV}"
-        )
-    base, sep, index_text = text.partition(":")
-    base = base.strip()
-    if not sep:
-        return base, None
-    index_text = index_text.strip()
-    if not index_text.isdigit():
-        raise ValueError(
-            f"bad device index in accelerator name {name!r}: expected 'NAME:INDEX' with "
-            f"a non-negative integer INDEX, like 'cuda:1'"
-        )
-    return base, int(index_text)
 
 
 @final
@@ -362,7 +319,7 @@ class AcceleratorRegistry:
         self, specs: list[AcceleratorSpec], label: str, provider: str, override: bool
     ) -> list[object]:
         """Plugins whose names the new ``specs`` take over (only with ``override``)."""
-        if _AUTO in {n for spec in specs for n in (spec.name, *spec.aliases)}:
+        if AUTO in {n for spec in specs for n in (spec.name, *spec.aliases)}:
             raise PluginError(f"plugin {label!r} from {provider}: 'auto' is a reserved name")
         displaced: list[object] = []
         for spec in specs:
@@ -410,7 +367,7 @@ class AcceleratorRegistry:
         try:
             return caller(accelerator=accelerator, **kwargs)
         except Exception as exc:
-            _note_culprit(exc, caller, hook_name, self._provider_of)
+            note_culprit(exc, caller, hook_name, self._provider_of)
             raise
 
     def _query(
@@ -420,7 +377,7 @@ class AcceleratorRegistry:
         result = self.call(accelerator, hook_name, **kw)
         if isinstance(result, expected) and not (isinstance(result, bool) and expected is int):
             return result  # type: ignore[return-value]
-        culprit = _find_returner(self.hook(accelerator, hook_name), accelerator, kw, result)
+        culprit = find_returner(self.hook(accelerator, hook_name), accelerator, kw, result)
         who = (
             f"plugin {culprit!r} ({self._provider_of(culprit)})"
             if culprit is not None
@@ -558,14 +515,14 @@ class AcceleratorRegistry:
             if from_env is not None and from_env.strip():
                 name, source = from_env, f"${ACCELERATOR_ENV}"
             else:
-                name = _AUTO
+                name = AUTO
         try:
             base, index = parse_accelerator_name(name)
         except ValueError as exc:
             if source != "requested":
                 raise ValueError(f"{exc} (read from {source})") from None
             raise
-        if base == _AUTO:
+        if base == AUTO:
             if index is not None:
                 raise ValueError(
                     f"'auto' takes no device index (got {name!r}); ask for a named "
@@ -580,7 +537,7 @@ class AcceleratorRegistry:
                 f"device index {index} requested ({name!r}) but {canonical!r} has "
                 f"{count} device{'s' if count != 1 else ''} here (valid: "
                 f"{', '.join(str(i) for i in range(count)) or 'none'}). Ask for "
-                f"{_index_range(canonical, count)}, or check device visibility "
+                f"{describe_index_range(canonical, count)}, or check device visibility "
                 f"settings such as CUDA_VISIBLE_DEVICES.",
                 accelerator=canonical,
                 reason=f"index {index} >= device count {count}",
@@ -602,7 +559,7 @@ class AcceleratorRegistry:
                 )
         candidates = self._names.get(base)
         if not candidates:
-            known = sorted({*self._names, _AUTO})
+            known = sorted({*self._names, AUTO})
             close = difflib.get_close_matches(base, known, n=1, cutoff=0.6)
             suggestion = close[0] if close else None
             hint = f" Did you mean {suggestion!r}?" if suggestion else ""
@@ -658,7 +615,7 @@ class AcceleratorRegistry:
                     for info in self.list_accelerators()
                 )
                 + ". Register the built-in plugins (builtins=True) or install one.",
-                accelerator=_AUTO,
+                accelerator=AUTO,
                 reason="none available",
             )
         return min(candidates)[2]
@@ -676,62 +633,7 @@ def _as_spec_list(returned: object) -> list[AcceleratorSpec] | None:
     return None
 
 
-def _index_range(canonical: str, count: int) -> str:
-    if count <= 1:
-        return f"{canonical!r} or '{canonical}:0'"
-    return f"'{canonical}:0' to '{canonical}:{count - 1}'"
-
-
 def _torch_device_type() -> type[torch.device]:
     import torch
 
     return torch.device
-
-
-def _impl_codes(caller: Any) -> list[tuple[Any, Any]]:
-    pairs = []
-    for impl in caller.get_hookimpls():
-        function = getattr(impl.function, "__func__", impl.function)
-        code = getattr(function, "__code__", None)
-        if code is not None:
-            pairs.append((code, impl))
-    return pairs
-
-
-def _note_culprit(
-    exc: BaseException, caller: Any, hook_name: str, provider_of: Callable[[str], str]
-) -> None:
-    """Add a note naming the plugin whose hook implementation raised ``exc``."""
-    codes = dict(_impl_codes(caller))
-    culprit = None
-    traceback = exc.__traceback__
-    while traceback is not None:
-        impl = codes.get(traceback.tb_frame.f_code)
-        if impl is not None:
-            culprit = impl  # keep the innermost: a wrapper may sit outside it
-        traceback = traceback.tb_next
-    if culprit is None or getattr(exc, "_accel_noted", False):
-        return
-    message = (
-        f"raised in hook {hook_name!r} of plugin {culprit.plugin_name!r} "
-        f"({provider_of(culprit.plugin_name)})"
-    )
-    if hasattr(exc, "add_note"):
-        exc.add_note(message)
-    with contextlib.suppress(AttributeError):
-        exc._accel_noted = True  # type: ignore[attr-defined]
-
-
-def _find_returner(caller: Any, accelerator: str, kwargs: dict[str, Any], result: Any) -> Any:
-    """Re-ask each implementation of a first-result hook to find who returned ``result``."""
-    arguments = {"accelerator": accelerator, **kwargs}
-    for impl in reversed(caller.get_hookimpls()):
-        if impl.hookwrapper or impl.wrapper:
-            continue
-        try:
-            value = impl.function(*(arguments[arg] for arg in impl.argnames))
-        except Exception:
-            continue
-        if value is not None and (value is result or type(value) is type(result)):
-            return impl.plugin_name
-    return None

@@ -14,6 +14,7 @@ __all__ = [
     "AcceleratorSpec",
     "Availability",
     "MoveContext",
+    "PluginFailure",
     "TieCheck",
 ]
 
@@ -134,3 +135,18 @@ class MoveContext:
     tie_check: TieCheck = "error"
     #: Scratch space shared by the hooks of this one move.
     notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that failed to load or register, and why."""
+
+    #: The entry point's (or plugin's) name.
+    name: str
+    #: The distribution that shipped it ("name version"), or how it was registered.
+    provider: str
+    #: The error, as one line.
+    error: str
+    #: Names it tried to claim that another plugin already had; asking for one of
+    #: them raises :class:`PluginError` rather than silently picking a provider.
+    conflicting_names: tuple[str, ...] = ()
