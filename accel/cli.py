@@ -7,9 +7,12 @@ Errors print one line and exit with status 2; ``--debug`` shows the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -19,6 +22,9 @@ __all__ = ["main"]
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+#: 128 + SIGPIPE, as a shell reports a command whose reader went away.
+EXIT_BROKEN_PIPE = 141
 
 
 class CliError(Exception):
@@ -29,27 +35,42 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accel",
         description="Accelerator plugins for PyTorch: list, inspect, demo, check.",
+        epilog="exit status: 0 ok, 1 ties came apart, 2 error, 130 interrupted",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # `--debug` is also accepted after the subcommand (`accel info tpu --debug`);
+    # SUPPRESS keeps a subcommand from resetting a `--debug` given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors"
+    )
 
-    listing = commands.add_parser("list", help="list every accelerator and whether it is usable")
+    listing = commands.add_parser(
+        "list", parents=[common], help="list every accelerator and whether it is usable"
+    )
     listing.add_argument("--json", action="store_true", help="print JSON for machines")
     listing.set_defaults(run=_cmd_list)
 
-    info = commands.add_parser("info", help="details of one accelerator, for bug reports")
+    info = commands.add_parser(
+        "info", parents=[common], help="details of one accelerator, for bug reports"
+    )
     info.add_argument(
         "name", nargs="?", default=None, help="name (default: $ACCEL_ACCELERATOR or auto)"
     )
     info.add_argument("--json", action="store_true", help="print JSON for machines")
     info.set_defaults(run=_cmd_info)
 
-    demo = commands.add_parser("demo", help="move a tiny tied language model and train it")
+    demo = commands.add_parser(
+        "demo", parents=[common], help="move a tiny tied language model and train it"
+    )
     demo.add_argument("--accelerator", "-a", default=None, help="name (default: auto)")
     demo.add_argument("--steps", type=_positive_int, default=20, help="training steps (20)")
     demo.set_defaults(run=_cmd_demo)
 
-    check = commands.add_parser("check", help="move a model of yours and check its ties")
+    check = commands.add_parser(
+        "check", parents=[common], help="move a model of yours and check its ties"
+    )
     check.add_argument("factory", metavar="MODULE:FACTORY", help="callable that builds the model")
     check.add_argument("--accelerator", "-a", default=None, help="name (default: auto)")
     check.set_defaults(run=_cmd_check)
@@ -72,16 +93,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
     try:
-        return run(args)
+        with warnings.catch_warnings():  # restores showwarning when main() returns
+            warnings.showwarning = _show_warning
+            # torch warns at import when numpy is missing; accel's commands never need it.
+            warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+            return run(args)
     except KeyboardInterrupt:
+        if args.debug:
+            raise
         print("accel: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `accel info | head -1`: the reader left. Say nothing, and keep Python's
+        # final flush of stdout from failing again at exit.
+        with contextlib.suppress(Exception):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception as exc:
         if args.debug:
             raise
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"accel: error: {type(exc).__name__}: {message}", file=sys.stderr)
+        print(f"accel: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).splitlines()
+    message = lines[0] if lines else ""
+    if isinstance(exc, CliError):
+        return message
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """Warnings (a plugin that failed to load, say) as one line, without source."""
+    text = str(message).splitlines()[0] if str(message) else category.__name__
+    print(f"accel: warning: {category.__name__}: {text}", file=file or sys.stderr)
 
 
 def _print_table(rows: list[list[str]]) -> None:
@@ -161,7 +214,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     try:
         report["memory"] = _memory(acc.device)
     except Exception as exc:  # memory figures are a nicety, never a failure
-        report["memory"] = f"unavailable ({type(exc).__name__})"
+        report["memory"] = f"not reported ({_one_line(exc)})"
     report["versions"] = _versions()
     if args.json:
         print(json.dumps(report, indent=2))
@@ -177,9 +230,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    import accel
     from accel.demo import run_demo
 
-    report = run_demo(args.accelerator, steps=args.steps)
+    try:
+        report = run_demo(args.accelerator, steps=args.steps)
+    except accel.WeightTyingError as exc:
+        print(f"validation FAILED:\n{exc}")
+        return EXIT_CHECK_FAILED
     return EXIT_OK if report.ties_held else EXIT_CHECK_FAILED
 
 
@@ -210,7 +268,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
         sys.path.insert(0, "")  # like `python -m`: modules in the current directory
     from torch import nn
 
-    model = _load_factory(args.factory)()
+    factory = _load_factory(args.factory)
+    try:
+        model = factory()
+    except Exception as exc:
+        raise CliError(f"{args.factory}() raised {_one_line(exc)}") from exc
     if not isinstance(model, nn.Module):
         raise CliError(f"{args.factory} returned {type(model).__name__}, not a torch.nn.Module")
     acc = accel.get_accelerator(args.accelerator)
