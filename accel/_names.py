@@ -44,7 +44,8 @@ def parse_accelerator_name(name: object) -> tuple[str, int | None]:
     if not sep:
         return base, None
     index_text = index_text.strip()
-    if not index_text.isdigit():
+    # isascii(): str.isdigit() also accepts digits such as '²' that int() refuses.
+    if not (index_text.isascii() and index_text.isdigit()):
         raise ValueError(
             f"bad device index in accelerator name {name!r}: expected 'NAME:INDEX' with "
             f"a non-negative integer INDEX, like 'cuda:1'"

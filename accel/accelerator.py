@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
+from accel.errors import PluginError
 from accel.transaction import RestorePoint
 from accel.types import TIE_CHECK_MODES, AcceleratorSpec, MoveContext, TieCheck
 
@@ -119,9 +120,11 @@ class Accelerator:
             self._registry.call(self.name, "pre_move_hook", **hook_args)
             moved = self._registry.call(self.name, "model_to_device", **hook_args)
             if not isinstance(moved, nn.Module):
-                raise TypeError(
-                    f"model_to_device hook for {self.name!r} returned "
-                    f"{type(moved).__name__}, not a torch.nn.Module"
+                raise PluginError(
+                    f"hook 'model_to_device' for accelerator {self.name!r} returned "
+                    f"{type(moved).__name__}, not a torch.nn.Module, from "
+                    f"{self._registry.describe_answerers(self.name, 'model_to_device')}. "
+                    f"Report this to the plugin's authors."
                 )
             self._registry.call(
                 self.name, "post_move_hook", model=moved, device=self.device, context=context
@@ -158,7 +161,7 @@ def _as_optimizer_list(
     if isinstance(optimizer, torch.optim.Optimizer):
         return [optimizer]
     expected = "optimizer= must be a torch.optim.Optimizer, an iterable of them, or None"
-    if isinstance(optimizer, torch.nn.Module) or not isinstance(optimizer, Iterable):
+    if isinstance(optimizer, (torch.nn.Module, str, bytes)) or not isinstance(optimizer, Iterable):
         raise TypeError(f"{expected}; got {type(optimizer).__name__}")
     optimizers = list(optimizer)
     for item in optimizers:

@@ -102,15 +102,15 @@ class _BatchMover:
                 moved[key] = self.move(item)
             return moved
         rebuilt = {key: self.move(item) for key, item in value.items()}
-        return type(value)(rebuilt)  # type: ignore[call-arg]
+        return _rebuild(type(value), rebuilt)
 
     def _move_tuple(self, value: tuple[Any, ...]) -> Any:
         items = [self.move(item) for item in value]
-        if hasattr(value, "_fields"):  # namedtuple
-            return type(value)(*items)
         if type(value) is tuple:
             return tuple(items)
-        return type(value)(items)
+        if hasattr(value, "_fields"):  # namedtuple
+            return _rebuild(type(value), *items)
+        return _rebuild(type(value), items)
 
     def _move_list(self, value: list[Any]) -> Any:
         items = [self.move(item) for item in value]
@@ -128,3 +128,16 @@ class _BatchMover:
             if hasattr(value, field.name):
                 object.__setattr__(moved, field.name, self.move(getattr(value, field.name)))
         return moved
+
+
+def _rebuild(container_type: type, *arguments: Any) -> Any:
+    """Call a container's constructor with its moved items, or explain why not."""
+    try:
+        return container_type(*arguments)
+    except TypeError as exc:
+        raise TypeError(
+            f"batch_to_device: cannot rebuild {container_type.__qualname__} with its moved "
+            f"items ({exc}); give it a constructor that takes its items as "
+            f"{'tuple' if issubclass(container_type, tuple) else 'dict'}() does, or move its "
+            f"tensors yourself"
+        ) from exc

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 import pluggy
+from pluggy._hooks import _SubsetHookCaller
 
 from accel import hookspecs
 from accel._blame import find_returner, note_culprit
@@ -117,6 +118,9 @@ class AcceleratorRegistry:
         # Every name and alias -> the canonical names it may mean, in registration order.
         self._names: dict[str, list[str]] = {}
         self._accelerator_plugins: dict[int, object] = {}
+        # Accelerator name -> the other accelerators' plugins, which its hook calls
+        # skip. Live sets: hook callers read them on every call (see hook()).
+        self._excluded: dict[str, set[object]] = {}
         self._failures: list[PluginFailure] = []
         self._caller_cache: dict[tuple[str, str], Any] = {}
 
@@ -214,17 +218,25 @@ class AcceleratorRegistry:
         """Remove a plugin and every accelerator it declared."""
         self._ensure_loaded()
         with self._lock:
+            if not self._pm.is_registered(plugin):
+                raise PluginError(
+                    f"cannot unregister {_plugin_label(plugin)!r}: it is not registered in "
+                    f"this registry (registries never share plugins)"
+                )
             self._pm.unregister(plugin)
             self._forget(plugin)
 
     def _forget(self, plugin: object) -> None:
         for canonical in [n for n, r in self._registrations.items() if r.plugin is plugin]:
             del self._registrations[canonical]
+            self._excluded.pop(canonical, None)
             for names in self._names.values():
                 if canonical in names:
                     names.remove(canonical)
         self._names = {k: v for k, v in self._names.items() if v}
         self._accelerator_plugins.pop(id(plugin), None)
+        for excluded in self._excluded.values():
+            excluded.discard(plugin)
         self._caller_cache.clear()
 
     def _register(
@@ -238,11 +250,30 @@ class AcceleratorRegistry:
                 f"plugin {label!r} from {provider} must be hashable (pluggy keeps plugins in "
                 f"sets); use a module, a class instance, or a dataclass with eq=False"
             ) from None
+        if name is None:
+            # A readable name for messages ("raised in hook ... of plugin NAME"),
+            # unique as pluggy requires.
+            name = label if self._pm.get_plugin(label) is None else f"{label}-{id(plugin):x}"
+        if self._pm.is_registered(plugin):
+            raise PluginError(f"plugin {label!r} from {provider} is already registered")
+        if not any(self._pm.parse_hookimpl_opts(plugin, attr) for attr in dir(plugin)):
+            hint = " (a class: pass an instance of it)" if isinstance(plugin, type) else ""
+            raise PluginError(
+                f"plugin {label!r} from {provider} has no accel hooks{hint}: mark its hook "
+                f"implementations with @accel.hookimpl; the hooks are listed in accel.hookspecs"
+            )
+        # Learn what the plugin provides before pluggy can call any of its hooks:
+        # from the moment it is registered, every other accelerator's calls must
+        # already exclude it, even calls in flight on other threads.
+        specs = self._declared_specs(plugin, label, provider)
+        displaced = self._conflicting_plugins(specs, label, provider, override)
+        if specs:
+            for excluded in self._excluded.values():
+                excluded.add(plugin)
         try:
             self._pm.register(plugin, name=name)
-        except ValueError as exc:  # pluggy: already registered
-            raise PluginError(f"cannot register plugin {label!r} from {provider}: {exc}") from exc
-        except pluggy.PluginValidationError as exc:
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            self._forget(plugin)
             detail = " ".join(str(exc).split())
             raise PluginError(
                 f"plugin {label!r} from {provider} does not match accel's hooks: {detail}. "
@@ -250,15 +281,16 @@ class AcceleratorRegistry:
             ) from exc
         try:
             self._check_hook_names(plugin, label, provider)
-            specs = self._declared_specs(plugin, label, provider)
-            displaced = self._conflicting_plugins(specs, label, provider, override)
         except BaseException:
             self._pm.unregister(plugin)
+            self._forget(plugin)
             raise
         for other in displaced:
             self._pm.unregister(other)
             self._forget(other)
+        others = set(self._accelerator_plugins.values())
         for spec in specs:
+            self._excluded[spec.name] = set(others)
             self._registrations[spec.name] = _Registration(spec, plugin, provider)
             for key in (spec.name, *spec.aliases):
                 self._names.setdefault(key, []).append(spec.name)
@@ -267,27 +299,26 @@ class AcceleratorRegistry:
         self._caller_cache.clear()
 
     def _declared_specs(self, plugin: object, label: str, provider: str) -> list[AcceleratorSpec]:
-        impls = [
-            impl
-            for impl in self._pm.hook.register_accelerators.get_hookimpls()
-            if impl.plugin is plugin
-        ]
-        specs: list[AcceleratorSpec] = []
-        for impl in impls:
-            try:
-                returned = impl.function()
-            except Exception as exc:
-                raise PluginError(
-                    f"plugin {label!r} from {provider} raised in register_accelerators: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-            declared = _as_spec_list(returned)
-            if declared is None:
-                raise PluginError(
-                    f"plugin {label!r} from {provider}: register_accelerators must return "
-                    f"AcceleratorSpec objects, got {type(returned).__name__}: {returned!r}"
-                )
-            specs.extend(declared)
+        """Call the plugin's ``register_accelerators`` (if any) and check what it returns."""
+        if self._pm.parse_hookimpl_opts(plugin, "register_accelerators") is None:
+            return []  # a cross-cutting plugin
+        if isinstance(plugin, type):
+            raise PluginError(
+                f"plugin {label!r} from {provider} is a class; register an instance of it"
+            )
+        try:
+            returned = plugin.register_accelerators()  # type: ignore[attr-defined]
+        except Exception as exc:
+            raise PluginError(
+                f"plugin {label!r} from {provider} raised in register_accelerators: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        specs = _as_spec_list(returned)
+        if specs is None:
+            raise PluginError(
+                f"plugin {label!r} from {provider}: register_accelerators must return "
+                f"AcceleratorSpec objects, got {type(returned).__name__}: {returned!r}"
+            )
         seen: set[str] = set()
         for spec in specs:
             if spec.name in seen:
@@ -349,15 +380,25 @@ class AcceleratorRegistry:
         """The pluggy hook caller for ``hook_name`` as seen by ``accelerator``.
 
         It reaches the accelerator's own plugin and every cross-cutting plugin,
-        never another accelerator's plugin. Cached until plugins change.
+        never another accelerator's plugin, including one registered after the
+        caller was made. Cached until plugins change.
         """
         key = (accelerator, hook_name)
         caller = self._caller_cache.get(key)
         if caller is None:
+            self._ensure_loaded()
             with self._lock:
-                owner = self._registrations[accelerator].plugin
-                others = [p for p in self._accelerator_plugins.values() if p is not owner]
-                caller = self._pm.subset_hook_caller(hook_name, remove_plugins=others)
+                excluded = self._excluded.get(accelerator)
+                if excluded is None:
+                    raise AcceleratorNotFoundError(
+                        f"accelerator {accelerator!r} is not registered in this registry "
+                        f"(it may have been unregistered); select one again with "
+                        f"get_accelerator()",
+                        requested=accelerator,
+                        known=sorted(self._names),
+                        suggestion=None,
+                    )
+                caller = _live_subset_caller(getattr(self._pm.hook, hook_name), excluded)
                 self._caller_cache[key] = caller
         return caller
 
@@ -390,6 +431,17 @@ class AcceleratorRegistry:
             f"{' or '.join(t.__name__ for t in names)}. Report this to the plugin's authors."
         )
 
+    def describe_answerers(self, accelerator: str, hook_name: str) -> str:
+        """Name the plugins that may have answered a first-result hook (for errors)."""
+        names = [
+            impl.plugin_name
+            for impl in self.hook(accelerator, hook_name).get_hookimpls()
+            if not (impl.wrapper or impl.hookwrapper) and impl.plugin_name != "accel.fallbacks"
+        ]
+        if not names:
+            return "accel's built-in fallback"
+        return "plugin " + " or ".join(f"{n!r} ({self._provider_of(n)})" for n in reversed(names))
+
     def _provider_of(self, plugin_name: str) -> str:
         plugin = self._pm.get_plugin(plugin_name)
         for registration in self._registrations.values():
@@ -404,11 +456,8 @@ class AcceleratorRegistry:
         try:
             return self._query(accelerator, "is_available", Availability)
         except Exception as exc:
-            return Availability(
-                False,
-                reason=f"probing it failed: {type(exc).__name__}: {exc}",
-                remedy="report this to the plugin's authors",
-            )
+            # The message already says whom to report it to.
+            return Availability(False, reason=f"probing it failed: {type(exc).__name__}: {exc}")
 
     def device_count(self, accelerator: str) -> int:
         """Number of devices of an accelerator; 0 when unavailable."""
@@ -416,7 +465,12 @@ class AcceleratorRegistry:
             return 0
         count = self._query(accelerator, "device_count", int)
         if count < 0:
-            raise PluginError(f"device_count for {accelerator!r} returned {count} (< 0)")
+            culprit = find_returner(self.hook(accelerator, "device_count"), accelerator, {}, count)
+            raise PluginError(
+                f"hook 'device_count' for accelerator {accelerator!r} returned {count} from "
+                f"plugin {culprit!r}; a device count cannot be negative. Report this to the "
+                f"plugin's authors."
+            )
         return count
 
     # -- public queries ----------------------------------------------------------
@@ -509,18 +563,18 @@ class AcceleratorRegistry:
                 f"got {tie_check!r}"
             )
         self._ensure_loaded()
-        source = "requested"
+        source = ""  # where the name came from, for messages: "" or " in $ACCEL_..."
         if name is None:
             from_env = os.environ.get(ACCELERATOR_ENV)
             if from_env is not None and from_env.strip():
-                name, source = from_env, f"${ACCELERATOR_ENV}"
+                name, source = from_env, f" in ${ACCELERATOR_ENV}"
             else:
                 name = AUTO
         try:
             base, index = parse_accelerator_name(name)
         except ValueError as exc:
-            if source != "requested":
-                raise ValueError(f"{exc} (read from {source})") from None
+            if source:
+                raise ValueError(f"{exc} (read from ${ACCELERATOR_ENV})") from None
             raise
         if base == AUTO:
             if index is not None:
@@ -534,7 +588,7 @@ class AcceleratorRegistry:
         count = self.device_count(canonical)
         if index is not None and index >= count:
             raise AcceleratorUnavailableError(
-                f"device index {index} requested ({name!r}) but {canonical!r} has "
+                f"device index {index} requested ({name!r}{source}) but {canonical!r} has "
                 f"{count} device{'s' if count != 1 else ''} here (valid: "
                 f"{', '.join(str(i) for i in range(count)) or 'none'}). Ask for "
                 f"{describe_index_range(canonical, count)}, or check device visibility "
@@ -555,7 +609,7 @@ class AcceleratorRegistry:
         for failure in self._failures:
             if base in failure.conflicting_names:
                 raise PluginError(
-                    f"cannot select {requested!r} ({source}): {failure.error.partition(': ')[2]}"
+                    f"cannot select {requested!r}{source}: {failure.error.partition(': ')[2]}"
                 )
         candidates = self._names.get(base)
         if not candidates:
@@ -567,7 +621,7 @@ class AcceleratorRegistry:
             if failed:
                 hint += f" A plugin named {base!r} is installed but failed to load; see accel list."
             raise AcceleratorNotFoundError(
-                f"unknown accelerator {requested!r} ({source}).{hint} Known names: "
+                f"unknown accelerator {requested!r}{source}.{hint} Known names: "
                 f"{', '.join(known)}. Third-party accelerators come from installed plugins.",
                 requested=requested,
                 known=known,
@@ -579,13 +633,15 @@ class AcceleratorRegistry:
             for canonical in ranked:
                 if self.availability(canonical).available:
                     return canonical
-            self._raise_unavailable(ranked[0], requested, also=ranked[1:])
+            self._raise_unavailable(ranked[0], requested, source, also=ranked[1:])
         canonical = candidates[0]
         if not self.availability(canonical).available:
-            self._raise_unavailable(canonical, requested)
+            self._raise_unavailable(canonical, requested, source)
         return canonical
 
-    def _raise_unavailable(self, canonical: str, requested: str, also: Iterable[str] = ()) -> None:
+    def _raise_unavailable(
+        self, canonical: str, requested: str, source: str, also: Iterable[str] = ()
+    ) -> None:
         availability = self.availability(canonical)
         remedy = f" To use it: {availability.remedy}." if availability.remedy else ""
         alternatives = "".join(
@@ -593,7 +649,7 @@ class AcceleratorRegistry:
             for other in also
         )
         raise AcceleratorUnavailableError(
-            f"accelerator {canonical!r} (asked for as {requested!r}) is not available: "
+            f"accelerator {canonical!r} (asked for as {requested!r}{source}) is not available: "
             f"{availability.reason or 'its plugin says so'}.{remedy}{alternatives} "
             f"Run `accel list` to see what this machine offers.",
             accelerator=canonical,
@@ -608,17 +664,28 @@ class AcceleratorRegistry:
                 # Highest priority wins; among equals, the one registered first.
                 candidates.append((-registration.spec.priority, position, registration.spec.name))
         if not candidates:
+            reasons = "; ".join(
+                f"{info.name}: {info.reason or 'not chosen by auto'}"
+                for info in self.list_accelerators()
+            )
             raise AcceleratorUnavailableError(
-                "'auto' found no available accelerator: "
-                + "; ".join(
-                    f"{info.name}: {info.reason or 'not chosen by auto'}"
-                    for info in self.list_accelerators()
-                )
-                + ". Register the built-in plugins (builtins=True) or install one.",
+                f"'auto' found no available accelerator ({reasons or 'none is registered'}). "
+                f"Register the built-in plugins (builtins=True) or install a plugin.",
                 accelerator=AUTO,
                 reason="none available",
             )
         return min(candidates)[2]
+
+
+def _live_subset_caller(orig: pluggy.HookCaller, excluded: set[object]) -> Any:
+    """A hook caller that skips the plugins in ``excluded``, read at every call.
+
+    pluggy's public ``subset_hook_caller`` copies the set it is given, so a plugin
+    registered afterwards would reach callers made before. Its proxy class
+    (stable from pluggy 1.5 through 1.7) keeps whatever set it is handed; giving it
+    our live set closes that gap.
+    """
+    return _SubsetHookCaller(orig, excluded)
 
 
 def _as_spec_list(returned: object) -> list[AcceleratorSpec] | None:

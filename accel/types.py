@@ -95,8 +95,13 @@ class Availability:
     auto: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.available, bool):
-            raise TypeError(f"Availability.available must be a bool, got {self.available!r}")
+        for field_name in ("available", "auto"):
+            value = getattr(self, field_name)
+            if not isinstance(value, bool):
+                raise TypeError(f"Availability.{field_name} must be a bool, got {value!r}")
+        for field_name in ("reason", "remedy"):
+            if not isinstance(getattr(self, field_name), str):
+                raise TypeError(f"Availability.{field_name} must be a str")
 
 
 @dataclass(frozen=True)
