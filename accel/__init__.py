@@ -5,15 +5,17 @@
 >>> acc.device
 device(type='cpu')
 
-Importing accel is cheap and has no side effects: no plugin is loaded and neither
-torch nor torch_xla is imported until something needs them.
+Importing accel is cheap and has no side effects: no plugin is loaded, neither
+torch nor torch_xla is imported, and even accel's own modules (and pluggy) load
+only when a name that needs them is first used.
 """
 
 from __future__ import annotations
 
+import importlib
 import threading
+from typing import TYPE_CHECKING, Any
 
-from accel.accelerator import Accelerator
 from accel.errors import (
     AcceleratorError,
     AcceleratorNotFoundError,
@@ -22,16 +24,19 @@ from accel.errors import (
     PluginWarning,
     WeightTyingError,
 )
-from accel.markers import hookimpl, hookspec
-from accel.registry import AcceleratorRegistry
-from accel.types import (
-    AcceleratorInfo,
-    AcceleratorSpec,
-    Availability,
-    MoveContext,
-    PluginFailure,
-    TieCheck,
-)
+
+if TYPE_CHECKING:
+    from accel.accelerator import Accelerator
+    from accel.markers import hookimpl, hookspec
+    from accel.registry import AcceleratorRegistry
+    from accel.types import (
+        AcceleratorInfo,
+        AcceleratorSpec,
+        Availability,
+        MoveContext,
+        PluginFailure,
+        TieCheck,
+    )
 
 __version__ = "0.1.0.dev0"
 
@@ -58,6 +63,34 @@ __all__ = [
     "list_accelerators",
 ]
 
+# Public name -> the module that defines it, imported on first access (PEP 562).
+_LAZY_NAMES = {
+    "Accelerator": "accel.accelerator",
+    "AcceleratorRegistry": "accel.registry",
+    "AcceleratorInfo": "accel.types",
+    "AcceleratorSpec": "accel.types",
+    "Availability": "accel.types",
+    "MoveContext": "accel.types",
+    "PluginFailure": "accel.types",
+    "TieCheck": "accel.types",
+    "hookimpl": "accel.markers",
+    "hookspec": "accel.markers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY_NAMES.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'accel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 _default_registry: AcceleratorRegistry | None = None
 _default_registry_lock = threading.Lock()
 
@@ -72,6 +105,8 @@ def default_registry() -> AcceleratorRegistry:
     if _default_registry is None:
         with _default_registry_lock:
             if _default_registry is None:
+                from accel.registry import AcceleratorRegistry
+
                 _default_registry = AcceleratorRegistry()
     return _default_registry
 

@@ -29,7 +29,8 @@ def move_batch(batch: Any, device: torch.device) -> Any:
     """
     import torch
 
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     mover = _BatchMover(device, torch.Tensor)
     try:
         return mover.move(batch)
@@ -86,10 +87,11 @@ class _BatchMover:
         key = id(tensor)
         moved = self._memo.get(key)
         if moved is None:
-            non_blocking = (
-                self._non_blocking_ok and tensor.device.type == "cpu" and tensor.is_pinned()
-            )
-            moved = tensor.to(self._device, non_blocking=non_blocking)
+            if self._non_blocking_ok and tensor.device.type == "cpu" and tensor.is_pinned():
+                moved = tensor.to(self._device, non_blocking=True)
+            else:
+                # No keyword when it would be False: passing it costs ~0.4 µs a tensor.
+                moved = tensor.to(self._device)
             self._memo[key] = moved
         return moved
 

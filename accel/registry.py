@@ -402,6 +402,17 @@ class AcceleratorRegistry:
                 self._caller_cache[key] = caller
         return caller
 
+    def only_fallback_implements(self, accelerator: str, hook_name: str) -> bool:
+        """Whether accel's built-in fallback is the only implementation ``accelerator``
+        would reach for ``hook_name`` (so callers may skip the hook call). Cached."""
+        key = (accelerator, f"{hook_name}:fallback-only")
+        cached = self._caller_cache.get(key)
+        if cached is None:
+            implementations = self.hook(accelerator, hook_name).get_hookimpls()
+            cached = all(impl.plugin_name == "accel.fallbacks" for impl in implementations)
+            self._caller_cache[key] = cached
+        return bool(cached)
+
     def call(self, accelerator: str, hook_name: str, **kwargs: Any) -> Any:
         """Call a hook for ``accelerator``, naming the plugin at fault on failure."""
         caller = self.hook(accelerator, hook_name)

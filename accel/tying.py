@@ -31,6 +31,7 @@ __all__ = [
     "TiedGroup",
     "TyingSnapshot",
     "count_unique_parameters",
+    "empty_duplicate_slots",
     "find_tied_parameters",
     "format_tie_failure",
     "retie",
@@ -78,27 +79,75 @@ def find_tied_parameters(model: nn.Module, *, buffers: bool = True) -> list[Tied
     A submodule registered under two names is visited once: its parameters live in
     one slot, which any move keeps, so it is not a tie.
     """
-    by_tensor: dict[int, tuple[list[str], list[tuple[nn.Module, str, SlotKind]]]] = {}
-    kinds: tuple[SlotKind, ...] = ("parameter", "buffer") if buffers else ("parameter",)
-    for prefix, module in model.named_modules():
-        for kind in kinds:
-            for name, tensor in _slot_dict(module, kind).items():
-                if tensor is None:
-                    continue
-                names, slots = by_tensor.setdefault(id(tensor), ([], []))
-                names.append(f"{prefix}.{name}" if prefix else name)
-                slots.append((module, name, kind))
-    groups = [
-        TiedGroup(
-            "parameter" if any(kind == "parameter" for _, _, kind in slots) else "buffer",
-            tuple(names),
-            tuple(slots),
-        )
-        for names, slots in by_tensor.values()
-        if len(slots) > 1
-    ]
+    return _scan(model, buffers)[0]
+
+
+# A slot during the scan: (index of its module in visit order, attribute, kind).
+_Slot = tuple[int, str, SlotKind]
+
+
+def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
+    """One pass over the model: its tied groups and its unique parameter count.
+
+    The walk uses an explicit stack rather than ``named_modules()`` (a recursive
+    generator, most of the cost on deep models) and visits modules in the same
+    order. Qualified names are built only for slots that turn out to be tied.
+    """
+    modules: list[nn.Module] = []
+    parents: list[tuple[int, str]] = []  # (parent's index, attribute) per module
+    visited: set[int] = set()
+    first_slot: dict[int, _Slot] = {}
+    tied: dict[int, list[_Slot]] = {}
+    parameter_ids: set[int] = set()
+    stack: list[tuple[nn.Module, int, str]] = [(model, -1, "")]
+    while stack:
+        module, parent, attribute = stack.pop()
+        if id(module) in visited:
+            continue  # registered twice: the first path, as named_modules() does
+        visited.add(id(module))
+        index = len(modules)
+        modules.append(module)
+        parents.append((parent, attribute))
+        for name, tensor in module._parameters.items():
+            if tensor is not None:
+                key = id(tensor)
+                parameter_ids.add(key)
+                slot: _Slot = (index, name, "parameter")
+                known = first_slot.setdefault(key, slot)
+                if known is not slot:
+                    tied.setdefault(key, [known]).append(slot)
+        if buffers:
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    slot = (index, name, "buffer")
+                    known = first_slot.setdefault(id(buffer), slot)
+                    if known is not slot:
+                        tied.setdefault(id(buffer), [known]).append(slot)
+        children = module._modules
+        if children:
+            # Reversed, so the first child is popped first: pre-order, like the recursion.
+            stack.extend(
+                (child, index, name)
+                for name, child in reversed(children.items())
+                if child is not None
+            )
+
+    paths: dict[int, str] = {-1: ""}
+
+    def path(index: int) -> str:
+        if index not in paths:
+            parent, attribute = parents[index]
+            prefix = path(parent)
+            paths[index] = f"{prefix}.{attribute}" if prefix else attribute
+        return paths[index]
+
+    groups = []
+    for slots in tied.values():
+        names = tuple(f"{path(index)}.{name}" if path(index) else name for index, name, _ in slots)
+        kind: SlotKind = "parameter" if any(k == "parameter" for _, _, k in slots) else "buffer"
+        groups.append(TiedGroup(kind, names, tuple((modules[i], n, k) for i, n, k in slots)))
     groups.sort(key=lambda group: group.kind != "parameter")
-    return groups
+    return groups, len(parameter_ids)
 
 
 def retie(groups: list[TiedGroup]) -> None:
@@ -111,13 +160,36 @@ def retie(groups: list[TiedGroup]) -> None:
             _slot_dict(module, kind)[name] = shared
 
 
+def empty_duplicate_slots(groups: list[TiedGroup]) -> None:
+    """Set every slot of each group to ``None`` except its source slot.
+
+    Done just before a move that unties, so each shared tensor crosses to the
+    device once instead of once per slot; :func:`retie` afterwards fills the
+    emptied slots with the source slot's moved tensor. ``None`` (rather than
+    deleting the key) keeps every module's parameter order.
+    """
+    for group in groups:
+        source = group.source_slot()
+        for slot in group.slots:
+            if slot is not source:
+                module, name, kind = slot
+                _slot_dict(module, kind)[name] = None
+
+
 def count_unique_parameters(model: nn.Module) -> int:
     """The number of distinct Parameter objects in ``model`` (its "layer count")."""
     seen: set[int] = set()
-    for module in model.modules():
+    visited: set[int] = set()
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in visited:
+            continue
+        visited.add(id(module))
         for parameter in module._parameters.values():
             if parameter is not None:
                 seen.add(id(parameter))
+        stack.extend(child for child in module._modules.values() if child is not None)
     return len(seen)
 
 
@@ -144,7 +216,8 @@ class TyingSnapshot:
 
     @classmethod
     def capture(cls, model: nn.Module) -> TyingSnapshot:
-        return cls(tuple(find_tied_parameters(model)), count_unique_parameters(model))
+        groups, parameter_count = _scan(model, buffers=True)
+        return cls(tuple(groups), parameter_count)
 
     def retie(self) -> None:
         """Re-tie every remembered group (see :func:`retie`)."""

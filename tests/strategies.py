@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import accel
-from accel.tying import count_unique_parameters, find_tied_parameters
+from accel.tying import count_unique_parameters, empty_duplicate_slots, find_tied_parameters
 
 ALL_PARAM_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 INT_BUFFER_DTYPE = torch.int64
@@ -371,13 +371,25 @@ class InjectedFault(RuntimeError):
     """The failure a property test injects into a move."""
 
 
-def count_tensor_copies(model: nn.Module) -> int:
+def count_tensor_copies(model: nn.Module, *, tied_once: bool = False) -> int:
     """How many `Tensor.to` calls `model.to(...)` makes: one per slot, plus one per grad.
 
     Mirrors `Module._apply`: it recurses into each parent's children (so a module
     registered under two parents is converted twice) and visits every slot (so a
-    tied Parameter is converted once per slot).
+    tied Parameter is converted once per slot). With `tied_once`, as the TPU plugin
+    moves: every slot of a tied group but one is emptied first, so each tied tensor
+    is converted once.
     """
+    if tied_once:
+        groups = find_tied_parameters(model)
+        saved = [(dict(m._parameters), dict(m._buffers), m) for m in model.modules()]
+        empty_duplicate_slots(groups)
+        try:
+            return count_tensor_copies(model)
+        finally:
+            for parameters, buffers, module in saved:
+                module._parameters.update(parameters)
+                module._buffers.update(buffers)
     calls = sum(count_tensor_copies(child) for child in model.children())
     for parameter in model._parameters.values():
         if parameter is not None:

@@ -91,7 +91,7 @@ def test_cpu_move_never_calls_the_tying_code(
     registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    for name in ("find_tied_parameters", "count_unique_parameters", "retie"):
+    for name in ("_scan", "find_tied_parameters", "count_unique_parameters", "retie"):
         original = getattr(tying, name)
         monkeypatch.setattr(
             tying, name, lambda *a, _o=original, _n=name, **k: (calls.append(_n), _o(*a, **k))[1]
@@ -106,12 +106,12 @@ def test_tpu_move_does_call_the_tying_code(
     meta_tpu: accel.Accelerator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    original = tying.find_tied_parameters
+    original = tying._scan
     monkeypatch.setattr(
-        tying, "find_tied_parameters", lambda *a, **k: (calls.append("find"), original(*a, **k))[1]
+        tying, "_scan", lambda *a, **k: (calls.append("scan"), original(*a, **k))[1]
     )
     meta_tpu.model_to_device(TiedLM())
-    assert calls == ["find"]
+    assert calls == ["scan"]
 
 
 def test_one_accelerators_hooks_do_not_run_for_another() -> None:
@@ -166,3 +166,20 @@ def test_a_failing_plugin_hook_is_named_in_the_error() -> None:
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert "hook 'post_move_hook' of plugin 'faulty-npu'" in notes
     assert "restored" in notes
+
+
+def test_a_batch_plugin_registered_after_first_use_is_reached() -> None:
+    # batch_to_device skips the hook call while only the fallback would answer;
+    # registering a plugin that moves batches must end that shortcut.
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    acc = registry.get_accelerator("cpu")
+    batch = {"x": torch.ones(1)}
+    assert acc.batch_to_device(batch)["x"] is batch["x"]
+
+    class Tagging:
+        @accel.hookimpl
+        def batch_to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, object]:
+            return {**batch, "tagged": True}
+
+    registry.register(Tagging())
+    assert acc.batch_to_device(batch)["tagged"] is True

@@ -243,3 +243,68 @@ def test_swap_mode_failed_move_is_restored(meta_tpu: accel.Accelerator) -> None:
     assert model.embed.weight is weight and model.head.weight is weight
     assert model.body.weight is body and body.device.type == "cpu"
     assert body.grad is grad and torch.equal(grad, torch.ones_like(body))
+
+
+def _reference_groups(model: nn.Module) -> list[tuple[str, tuple[str, ...]]]:
+    """The obvious implementation over named_modules(), to check the fast one against."""
+    by_tensor: dict[int, list[tuple[str, str]]] = {}
+    for prefix, module in model.named_modules():
+        for kind, slots in (("parameter", module._parameters), ("buffer", module._buffers)):
+            for name, tensor in slots.items():
+                if tensor is not None:
+                    qualified = f"{prefix}.{name}" if prefix else name
+                    by_tensor.setdefault(id(tensor), []).append((kind, qualified))
+    groups = [
+        ("parameter" if any(k == "parameter" for k, _ in s) else "buffer", tuple(n for _, n in s))
+        for s in by_tensor.values()
+        if len(s) > 1
+    ]
+    return sorted(groups, key=lambda group: group[0] != "parameter")
+
+
+def _diamond() -> nn.Module:
+    # One block reachable through two paths, the deeper one first in module order, and
+    # ties inside and outside it: names must follow named_modules() exactly.
+    shared = nn.Linear(2, 2)
+    root = nn.Module()
+    root.left = nn.Sequential(nn.Linear(2, 2), shared)
+    root.right = shared
+    root.head = nn.Linear(2, 2)
+    root.head.weight = shared.weight
+    root.left[0].register_buffer("scale", torch.ones(1))
+    root.head.register_buffer("scale", root.left[0].scale)
+    return root
+
+
+@pytest.mark.parametrize("name", [*sorted(ALL_MODELS), "diamond"])
+def test_single_pass_scan_matches_the_obvious_implementation(name: str) -> None:
+    model = _diamond() if name == "diamond" else ALL_MODELS[name]()
+    found = [(group.kind, group.names) for group in find_tied_parameters(model)]
+    assert sorted(found) == sorted(_reference_groups(model))
+    assert count_unique_parameters(model) == len(list(model.parameters()))
+    assert TyingSnapshot.capture(model).parameter_count == count_unique_parameters(model)
+
+
+def test_diamond_names_follow_module_order() -> None:
+    groups = {group.names for group in find_tied_parameters(_diamond())}
+    assert ("left.1.weight", "head.weight") in groups
+    assert ("left.0.scale", "head.scale") in groups
+
+
+def test_a_tied_weight_crosses_to_the_device_once(
+    meta_tpu: accel.Accelerator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copied: list[tuple[int, ...]] = []
+    original = torch.Tensor.to
+
+    def counting_to(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        copied.append(tuple(self.shape))
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    TiedLM().to("meta")
+    assert sorted(copied) == [(8,), (8, 8), (16, 8), (16, 8)]  # plain .to(): shared one twice
+    copied.clear()
+    model = meta_tpu.model_to_device(TiedLM())
+    assert sorted(copied) == [(8,), (8, 8), (16, 8)]
+    assert model.head.weight is model.embed.weight
