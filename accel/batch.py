@@ -27,8 +27,7 @@ def move_batch(batch: Any, device: torch.device) -> Any:
 
     :raises ValueError: the batch contains itself (a reference cycle).
     """
-    import torch
-
+    torch = _torch()
     if not isinstance(device, torch.device):
         device = torch.device(device)
     mover = _BatchMover(device, torch.Tensor)
@@ -143,3 +142,17 @@ def _rebuild(container_type: type, *arguments: Any) -> Any:
             f"{'tuple' if issubclass(container_type, tuple) else 'dict'}() does, or move its "
             f"tensors yourself"
         ) from exc
+
+
+def _torch() -> Any:
+    # Imported on first use, not with accel; a global after that, because an import
+    # statement inside move_batch costs measurably on small batches.
+    global _TORCH
+    if _TORCH is None:
+        import torch
+
+        _TORCH = torch
+    return _TORCH
+
+
+_TORCH: Any = None

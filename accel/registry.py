@@ -123,6 +123,7 @@ class AcceleratorRegistry:
         self._excluded: dict[str, set[object]] = {}
         self._failures: list[PluginFailure] = []
         self._caller_cache: dict[tuple[str, str], Any] = {}
+        self._fallback_only: dict[tuple[str, str], bool] = {}
 
     # -- loading ---------------------------------------------------------------
 
@@ -238,6 +239,7 @@ class AcceleratorRegistry:
         for excluded in self._excluded.values():
             excluded.discard(plugin)
         self._caller_cache.clear()
+        self._fallback_only.clear()
 
     def _register(
         self, plugin: object, *, name: str | None, provider: str, override: bool = False
@@ -297,6 +299,7 @@ class AcceleratorRegistry:
         if specs:
             self._accelerator_plugins[id(plugin)] = plugin
         self._caller_cache.clear()
+        self._fallback_only.clear()
 
     def _declared_specs(self, plugin: object, label: str, provider: str) -> list[AcceleratorSpec]:
         """Call the plugin's ``register_accelerators`` (if any) and check what it returns."""
@@ -405,13 +408,13 @@ class AcceleratorRegistry:
     def only_fallback_implements(self, accelerator: str, hook_name: str) -> bool:
         """Whether accel's built-in fallback is the only implementation ``accelerator``
         would reach for ``hook_name`` (so callers may skip the hook call). Cached."""
-        key = (accelerator, f"{hook_name}:fallback-only")
-        cached = self._caller_cache.get(key)
+        key = (accelerator, hook_name)
+        cached = self._fallback_only.get(key)
         if cached is None:
             implementations = self.hook(accelerator, hook_name).get_hookimpls()
             cached = all(impl.plugin_name == "accel.fallbacks" for impl in implementations)
-            self._caller_cache[key] = cached
-        return bool(cached)
+            self._fallback_only[key] = cached
+        return cached
 
     def call(self, accelerator: str, hook_name: str, **kwargs: Any) -> Any:
         """Call a hook for ``accelerator``, naming the plugin at fault on failure."""

@@ -82,8 +82,11 @@ def find_tied_parameters(model: nn.Module, *, buffers: bool = True) -> list[Tied
     return _scan(model, buffers)[0]
 
 
-# A slot during the scan: (index of its module in visit order, attribute, kind).
-_Slot = tuple[int, str, SlotKind]
+# A module's qualified path as a linked list, (parent path, attribute): building the
+# dotted string is deferred until a slot turns out to be tied.
+_Path = tuple["_Path", str] | None
+# A slot during the scan: (module, attribute, kind, path of the module).
+_Slot = tuple["nn.Module", str, SlotKind, _Path]
 
 
 def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
@@ -91,63 +94,67 @@ def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
 
     The walk uses an explicit stack rather than ``named_modules()`` (a recursive
     generator, most of the cost on deep models) and visits modules in the same
-    order. Qualified names are built only for slots that turn out to be tied.
+    order, under the same names. Per slot it does one dict lookup; qualified names
+    are built only for slots that turn out to be tied.
     """
-    modules: list[nn.Module] = []
-    parents: list[tuple[int, str]] = []  # (parent's index, attribute) per module
+    slots_by_tensor: dict[int, list[_Slot]] = {}
+    parameter_count = 0
+    # Parameters first seen in a buffer slot: rare, but they still count once.
+    counted_late: set[int] = set()
     visited: set[int] = set()
-    first_slot: dict[int, _Slot] = {}
-    tied: dict[int, list[_Slot]] = {}
-    parameter_ids: set[int] = set()
-    stack: list[tuple[nn.Module, int, str]] = [(model, -1, "")]
+    stack: list[tuple[nn.Module, _Path]] = [(model, None)]
     while stack:
-        module, parent, attribute = stack.pop()
+        module, path = stack.pop()
         if id(module) in visited:
-            continue  # registered twice: the first path, as named_modules() does
+            continue  # registered twice: keep the first path, as named_modules() does
         visited.add(id(module))
-        index = len(modules)
-        modules.append(module)
-        parents.append((parent, attribute))
-        for name, tensor in module._parameters.items():
-            if tensor is not None:
-                key = id(tensor)
-                parameter_ids.add(key)
-                slot: _Slot = (index, name, "parameter")
-                known = first_slot.setdefault(key, slot)
-                if known is not slot:
-                    tied.setdefault(key, [known]).append(slot)
-        if buffers:
+        parameters = module._parameters
+        if parameters:
+            for name, tensor in parameters.items():
+                if tensor is not None:
+                    key = id(tensor)
+                    slots = slots_by_tensor.get(key)
+                    if slots is None:
+                        slots_by_tensor[key] = [(module, name, "parameter", path)]
+                        parameter_count += 1
+                    else:
+                        if slots[0][2] == "buffer" and key not in counted_late:
+                            counted_late.add(key)
+                            parameter_count += 1
+                        slots.append((module, name, "parameter", path))
+        if buffers and module._buffers:
             for name, buffer in module._buffers.items():
                 if buffer is not None:
-                    slot = (index, name, "buffer")
-                    known = first_slot.setdefault(id(buffer), slot)
-                    if known is not slot:
-                        tied.setdefault(id(buffer), [known]).append(slot)
+                    slots = slots_by_tensor.get(id(buffer))
+                    if slots is None:
+                        slots_by_tensor[id(buffer)] = [(module, name, "buffer", path)]
+                    else:
+                        slots.append((module, name, "buffer", path))
         children = module._modules
         if children:
             # Reversed, so the first child is popped first: pre-order, like the recursion.
-            stack.extend(
-                (child, index, name)
-                for name, child in reversed(children.items())
-                if child is not None
-            )
-
-    paths: dict[int, str] = {-1: ""}
-
-    def path(index: int) -> str:
-        if index not in paths:
-            parent, attribute = parents[index]
-            prefix = path(parent)
-            paths[index] = f"{prefix}.{attribute}" if prefix else attribute
-        return paths[index]
-
-    groups = []
-    for slots in tied.values():
-        names = tuple(f"{path(index)}.{name}" if path(index) else name for index, name, _ in slots)
-        kind: SlotKind = "parameter" if any(k == "parameter" for _, _, k in slots) else "buffer"
-        groups.append(TiedGroup(kind, names, tuple((modules[i], n, k) for i, n, k in slots)))
+            for name, child in reversed(children.items()):
+                if child is not None:
+                    stack.append((child, (path, name)))
+    groups = [
+        TiedGroup(
+            "parameter" if any(slot[2] == "parameter" for slot in slots) else "buffer",
+            tuple(_qualified_name(path, name) for _, name, _, path in slots),
+            tuple((module, name, kind) for module, name, kind, _ in slots),
+        )
+        for slots in slots_by_tensor.values()
+        if len(slots) > 1
+    ]
     groups.sort(key=lambda group: group.kind != "parameter")
-    return groups, len(parameter_ids)
+    return groups, parameter_count
+
+
+def _qualified_name(path: _Path, name: str) -> str:
+    parts = [name]
+    while path is not None:
+        path, attribute = path
+        parts.append(attribute)
+    return ".".join(reversed(parts))
 
 
 def retie(groups: list[TiedGroup]) -> None:
