@@ -312,15 +312,7 @@ def init_process_group(
             _start_xla_group(environment, timeout_delta)
         else:
             _start_group(acc, backend, environment, timeout_delta)
-        _active = DistributedContext(
-            rank=dist.get_rank(),
-            world_size=dist.get_world_size(),
-            local_rank=0 if environment is None else environment.local_rank,
-            backend=backend,
-            device=acc.device,
-            accelerator=acc,
-            launched=environment is not None,
-        )
+        _active = _running_context(acc, backend, environment)
         return _active
 
 
@@ -420,7 +412,17 @@ def _existing_context(
             )
         return _active
     # Started by other code (e.g. a trainer): adopt it rather than start a second one.
-    _active = DistributedContext(
+    _active = _running_context(acc, backend, environment)
+    return _active
+
+
+def _running_context(
+    acc: Accelerator, backend: str, environment: TorchrunEnvironment | None
+) -> DistributedContext:
+    """The context of the process group now running, for ``acc``."""
+    import torch.distributed as dist
+
+    return DistributedContext(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         local_rank=0 if environment is None else environment.local_rank,
@@ -429,7 +431,6 @@ def _existing_context(
         accelerator=acc,
         launched=environment is not None,
     )
-    return _active
 
 
 def _backend_matches(running: str, wanted: str) -> bool:

@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Final, NoReturn
 
 import pytest
 
+from accel._names import ACCELERATOR_ENV as _ACCELERATOR_ENV
+from accel._names import AUTO as _AUTO
+
 if TYPE_CHECKING:
     from accel.accelerator import Accelerator
     from accel.registry import AcceleratorRegistry
@@ -34,10 +37,6 @@ __all__ = ["MARKER_NAME", "OPTION_DEST", "accelerator"]
 MARKER_NAME: Final = "accelerator"
 #: Where ``--accelerator`` is stored: ``config.getoption(OPTION_DEST)``.
 OPTION_DEST: Final = "accel_accelerator"
-# Kept in sync with accel._names.ACCELERATOR_ENV, spelled out so that loading the
-# plugin does not import accel.
-_ACCELERATOR_ENV: Final = "ACCEL_ACCELERATOR"
-_AUTO: Final = "auto"
 
 
 @dataclass(frozen=True)

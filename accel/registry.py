@@ -117,7 +117,6 @@ class AcceleratorRegistry:
         self._registrations: dict[str, _Registration] = {}
         # Every name and alias -> the canonical names it may mean, in registration order.
         self._names: dict[str, list[str]] = {}
-        self._accelerator_plugins: dict[int, object] = {}
         # Accelerator name -> the other accelerators' plugins, which its hook calls
         # skip. Live sets: hook callers read them on every call (see hook()).
         self._excluded: dict[str, set[object]] = {}
@@ -235,7 +234,6 @@ class AcceleratorRegistry:
                 if canonical in names:
                     names.remove(canonical)
         self._names = {k: v for k, v in self._names.items() if v}
-        self._accelerator_plugins.pop(id(plugin), None)
         for excluded in self._excluded.values():
             excluded.discard(plugin)
         self._caller_cache.clear()
@@ -290,14 +288,12 @@ class AcceleratorRegistry:
         for other in displaced:
             self._pm.unregister(other)
             self._forget(other)
-        others = set(self._accelerator_plugins.values())
+        others = {registration.plugin for registration in self._registrations.values()}
         for spec in specs:
             self._excluded[spec.name] = set(others)
             self._registrations[spec.name] = _Registration(spec, plugin, provider)
             for key in (spec.name, *spec.aliases):
                 self._names.setdefault(key, []).append(spec.name)
-        if specs:
-            self._accelerator_plugins[id(plugin)] = plugin
         self._caller_cache.clear()
         self._fallback_only.clear()
 
@@ -477,6 +473,10 @@ class AcceleratorRegistry:
         """Number of devices of an accelerator; 0 when unavailable."""
         if not self.availability(accelerator).available:
             return 0
+        return self._device_count_of_available(accelerator)
+
+    def _device_count_of_available(self, accelerator: str) -> int:
+        """:meth:`device_count` for an accelerator just found available (no re-probe)."""
         count = self._query(accelerator, "device_count", int)
         if count < 0:
             culprit = find_returner(self.hook(accelerator, "device_count"), accelerator, {}, count)
@@ -537,7 +537,7 @@ class AcceleratorRegistry:
         reason = availability.reason if keep_reason else ""
         if availability.available:
             try:
-                count = self.device_count(spec.name)
+                count = self._device_count_of_available(spec.name)
             except Exception as exc:
                 count_failed = True
                 reason = f"device_count failed: {type(exc).__name__}: {exc}"
@@ -599,7 +599,7 @@ class AcceleratorRegistry:
             canonical = self._select_auto()
         else:
             canonical = self._resolve(base, requested=name, source=source)
-        count = self.device_count(canonical)
+        count = self._device_count_of_available(canonical)  # resolving checked availability
         if index is not None and index >= count:
             raise AcceleratorUnavailableError(
                 f"device index {index} requested ({name!r}{source}) but {canonical!r} has "

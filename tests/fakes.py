@@ -29,6 +29,15 @@ class MetaTpuPlugin(TpuPlugin):
         return torch.device("meta")
 
 
+class CpuTpuPlugin(MetaTpuPlugin):
+    """The real TPU plugin's tying hooks, moving to the CPU: with overwrite mode on,
+    a CPU move unties like an XLA one, and values stay comparable."""
+
+    @accel.hookimpl
+    def get_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
 class FakeAccelerator:
     """A configurable accelerator plugin that records the hooks it sees."""
 

@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 import torch
+from installing import pip_install_into
 
 import accel
 import accel.demo
 from accel.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
-DISTS = Path(__file__).parent / "dists"
 ACCEL_SCRIPT = Path(sys.executable).parent / "accel"
 EXAMPLE_PROVIDER = "accel-example-plugin 0.1.0"
 FACTORIES = "tests.cli_factories"
@@ -225,25 +225,7 @@ def test_list_json_has_the_accelerator_info_fields(cli: Run) -> None:
 @pytest.fixture(scope="session")
 def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """accel-broken-plugin (fails on import), pip-installed into a private directory."""
-    target = tmp_path_factory.mktemp("broken-site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(DISTS / "accel-broken-plugin"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return target
+    return pip_install_into(tmp_path_factory.mktemp("broken-site"), "accel-broken-plugin")
 
 
 def test_list_shows_a_failed_plugin_through_python_m(broken_site: Path) -> None:

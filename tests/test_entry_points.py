@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 import torch
+from installing import pip_install_into
 
 import accel
 
-DISTS = Path(__file__).parent / "dists"
 EXAMPLE_PROVIDER = "accel-example-plugin 0.1.0"
 
 
@@ -39,26 +39,9 @@ def _example_installed() -> None:
 @pytest.fixture(scope="session")
 def fixture_dists(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The broken and the conflicting distributions, really pip-installed."""
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(DISTS / "accel-broken-plugin"),
-            str(DISTS / "accel-conflicting-plugin"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
+    return pip_install_into(
+        tmp_path_factory.mktemp("site"), "accel-broken-plugin", "accel-conflicting-plugin"
     )
-    return target
 
 
 def _run_with(site: Path, code: str, **env: str) -> dict[str, Any]:

@@ -18,12 +18,11 @@ from typing import Any
 
 import pytest
 import torch
-from fakes import MetaTpuPlugin
+from fakes import CpuTpuPlugin, MetaTpuPlugin
 from models import OwnTieWeights, ThreeWayTie, TiedLM, UntiesOnPurpose
 from torch import nn
 
 import accel
-from accel.plugins.tpu import TpuPlugin
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
@@ -33,22 +32,6 @@ OPTIMIZERS: dict[str, OptimizerFactory] = {
     "sgd_momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
     "adagrad": lambda params: torch.optim.Adagrad(params, lr=0.1),
 }
-
-
-class CpuTpuPlugin(TpuPlugin):
-    """The real TPU plugin's hooks (re-tie, validate), available and moving to the CPU."""
-
-    @accel.hookimpl
-    def is_available(self) -> accel.Availability:
-        return accel.Availability(True, auto=False)
-
-    @accel.hookimpl
-    def device_count(self) -> int:
-        return 1
-
-    @accel.hookimpl
-    def get_device(self) -> torch.device:
-        return torch.device("cpu")
 
 
 class FailingPostMove:

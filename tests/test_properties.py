@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fakes import MetaTpuPlugin
+from fakes import CpuTpuPlugin, MetaTpuPlugin
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from strategies import (
@@ -38,14 +38,6 @@ PROPERTY_SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-
-
-class CpuTpuPlugin(MetaTpuPlugin):
-    """The TPU plugin's tying hooks, moving to the CPU."""
-
-    @accel.hookimpl
-    def get_device(self) -> torch.device:
-        return torch.device("cpu")
 
 
 class InPlaceCastPlugin:
