@@ -85,6 +85,13 @@ class Accelerator:
         """How many devices of this accelerator the process can use."""
         return self._registry.device_count(self.name)
 
+    def for_index(self, index: int) -> Accelerator:
+        """The same accelerator on device ``index`` (as ``get_accelerator("NAME:INDEX")``).
+
+        :raises accel.AcceleratorUnavailableError: ``index`` is beyond :meth:`device_count`.
+        """
+        return self._registry.get_accelerator(f"{self.name}:{index}", tie_check=self._tie_check)
+
     @property
     def distributed_backend(self) -> str:
         """The :mod:`torch.distributed` backend for this accelerator, e.g. ``"nccl"``."""

@@ -229,7 +229,7 @@ def local_accelerator(
             f"the machine's devices with their visibility variable (e.g. CUDA_VISIBLE_DEVICES)"
         )
     try:
-        return acc._registry.get_accelerator(f"{acc.name}:{local_rank}", tie_check=acc.tie_check)
+        return acc.for_index(local_rank)
     except AcceleratorError as exc:
         if hasattr(exc, "add_note"):
             exc.add_note(
