@@ -199,10 +199,13 @@ def _probe(item: pytest.Item, name: str) -> _Probe:
     try:
         probe = _Probe(name, registry.get_accelerator(name).name, True, "")
     except AcceleratorUnavailableError as exc:
-        availability = registry.availability(exc.accelerator)
         reason = exc.reason or str(exc)
-        if not availability.available and availability.remedy:
-            reason = f"{reason}, to use it: {availability.remedy}"
+        remedy = next(
+            (row.remedy for row in registry.list_accelerators() if row.name == exc.accelerator),
+            "",
+        )
+        if remedy:
+            reason = f"{reason}, to use it: {remedy}"
         probe = _Probe(name, exc.accelerator, False, reason)
     except (AcceleratorNotFoundError, ValueError) as exc:
         _fail(f"@pytest.mark.{MARKER_NAME}({name!r}): {exc}")
@@ -241,8 +244,8 @@ def accelerator(request: pytest.FixtureRequest) -> Accelerator:
     listed accelerators, and otherwise the first listed one that is available here.
     An accelerator that was asked for but cannot be used fails the test, saying why.
     """
+    from accel._names import normalize_name
     from accel.errors import AcceleratorError, AcceleratorUnavailableError
-    from accel.types import normalize_name
 
     registry = _registry()
     requested = _requested(request.config)

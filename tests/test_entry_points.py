@@ -200,7 +200,7 @@ def test_a_name_claimed_by_two_distributions_names_both(fixture_dists: Path) -> 
     assert report["error"] is not None
     assert "accel-example-plugin 0.1.0" in report["error"]
     assert "accel-conflicting-plugin 0.0.2" in report["error"]
-    assert "'xpu' is claimed twice" in report["error"]
+    assert "the name 'xpu' is claimed by 2 installed plugins" in report["error"]
     assert ["xpu"] in report["conflicts"]
     assert report["cpu"] == "cpu"
 
