@@ -699,6 +699,16 @@ def _tpu_xla_not_installed(mp: pytest.MonkeyPatch) -> object:
     return _registry().get_accelerator("tpu")
 
 
+@case("tpu-torch-xla-mismatch", accel.AcceleratorUnavailableError)
+def _tpu_torch_xla_mismatch(mp: pytest.MonkeyPatch) -> object:
+    from accel import _xla_versions
+
+    _torch_xla(mp, installed=True, pjrt="CPU")
+    fake = {"torch": "2.13.0", "torch_xla": "2.9.0"}
+    mp.setattr(_xla_versions, "version", lambda d: fake.get(d) or importlib.metadata.version(d))
+    return _registry().get_accelerator("tpu")
+
+
 @case("tpu-pjrt-unset", accel.AcceleratorUnavailableError)
 def _tpu_pjrt_unset(mp: pytest.MonkeyPatch) -> object:
     _torch_xla(mp, installed=True, pjrt=None)
