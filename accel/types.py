@@ -68,8 +68,8 @@ class AcceleratorSpec:
 class Availability:
     """Whether an accelerator can be used here, as returned by ``is_available``.
 
-    >>> Availability(False, reason="torch_xla is not installed", remedy="pip install 'torch_xla==2.9.*'")
-    ... # doctest: +ELLIPSIS
+    >>> Availability(False, reason="torch_xla is not installed",
+    ...              remedy="pip install 'torch_xla==2.9.*'")  # doctest: +ELLIPSIS
     Availability(available=False, ...)
     """
 
