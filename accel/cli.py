@@ -168,8 +168,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(info) for info in infos], indent=2))
         return EXIT_OK
     rows = [["NAME", "ALIASES", "AVAILABLE", "DEVICES", "PRIORITY", "PROVIDER", "NOTES"]]
+    # Rows come in "auto" order, so auto's pick is the first it may choose.
+    pick = next((info.name for info in infos if info.available and info.auto), None)
     for info in infos:
-        note = info.reason
+        note = "chosen by auto" if info.name == pick else info.reason
         if info.available and not info.auto:
             note = "not chosen by auto" + (f" ({info.reason})" if info.reason else "")
         if info.remedy:
@@ -186,6 +188,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
             ]
         )
     _print_table(rows)
+    print(
+        "\nauto picks the available accelerator with the highest priority, ties broken by "
+        "name (never by install order)"
+        + (f": here {pick!r}." if pick else "; none is available here.")
+    )
     return EXIT_OK
 
 

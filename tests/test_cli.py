@@ -94,7 +94,8 @@ def assert_one_error_line(err: str, *fragments: str) -> str:
 
 def table(out: str) -> tuple[list[str], dict[str, str]]:
     """The header's column names and each row's line, keyed by the row's name."""
-    header, *rows = out.strip().splitlines()
+    lines = out.strip().splitlines()
+    header, *rows = lines[: lines.index("")] if "" in lines else lines  # the table, no footer
     return header.split(), {row.split()[0]: row for row in rows}
 
 
@@ -205,6 +206,23 @@ def test_list_marks_an_available_accelerator_auto_passes_over(cli: Run) -> None:
     row = table(out)[1]["manual"]
     assert row.split()[:5] == ["manual", "-", "yes", "1", "7"]
     assert "not chosen by auto (fake says no)" in row
+
+
+def test_list_says_which_accelerator_auto_picks_and_why(cli: Run) -> None:
+    from fakes import FakeAccelerator
+
+    # Equal priorities: the name decides, whatever the registration order.
+    accel.default_registry().register(FakeAccelerator("zeta", priority=5))
+    accel.default_registry().register(FakeAccelerator("beta", priority=5))
+    _, out, _ = cli("list")
+    rows = table(out)[1]
+    assert "chosen by auto" in rows["beta"]
+    assert "chosen by auto" not in rows["zeta"] and "chosen by auto" not in rows["cpu"]
+    assert out.strip().splitlines()[-1] == (
+        "auto picks the available accelerator with the highest priority, ties broken by "
+        "name (never by install order): here 'beta'."
+    )
+    assert accel.get_accelerator("auto").name == "beta"
 
 
 def test_list_json_has_the_accelerator_info_fields(cli: Run) -> None:
