@@ -140,11 +140,11 @@ class TpuPlugin:
     # hollowed out for the move and after it is re-tied.
     @hookimpl(trylast=True)
     def pre_move_hook(self, model: nn.Module, context: MoveContext) -> None:
-        begin_guarded_move(model, context)
+        _begin_guarded_move(model, context)
 
     @hookimpl(tryfirst=True)
     def post_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
-        finish_guarded_move(model, device, context)
+        _finish_guarded_move(model, device, context)
 
 
 class TieGuardPlugin:
@@ -162,11 +162,11 @@ class TieGuardPlugin:
     @hookimpl(trylast=True)
     def pre_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
         if move_can_untie(model, device):
-            begin_guarded_move(model, context)
+            _begin_guarded_move(model, context)
 
     @hookimpl(tryfirst=True)
     def post_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
-        finish_guarded_move(model, device, context)
+        _finish_guarded_move(model, device, context)
 
 
 def move_can_untie(model: nn.Module, device: torch.device) -> bool:
@@ -203,7 +203,7 @@ def _holds_a_tensor_on(model: nn.Module, device_types: frozenset[str]) -> bool:
     return False
 
 
-def begin_guarded_move(model: nn.Module, context: MoveContext) -> None:
+def _begin_guarded_move(model: nn.Module, context: MoveContext) -> None:
     """Before the move: remember the ties, then hollow out the duplicate slots.
 
     Does nothing if this move is already guarded (both plugins see ``tpu`` moves).
@@ -218,7 +218,7 @@ def begin_guarded_move(model: nn.Module, context: MoveContext) -> None:
     empty_duplicate_slots(list(snapshot.groups))
 
 
-def finish_guarded_move(model: nn.Module, device: torch.device, context: MoveContext) -> None:
+def _finish_guarded_move(model: nn.Module, device: torch.device, context: MoveContext) -> None:
     """After the move: re-tie, run the model's ``tie_weights()``, keep the ties the
     model had before the move, and report by ``context.tie_check``."""
     snapshot: TyingSnapshot | None = context.notes.pop(_NOTES_KEY, None)
@@ -229,7 +229,7 @@ def finish_guarded_move(model: nn.Module, device: torch.device, context: MoveCon
         return
     message = format_tie_failure(report, device)
     if context.tie_check == "warn":
-        warnings.warn(message, TyingWarning, stacklevel=2)
+        warnings.warn(message, TyingWarning, stacklevel=3)
         return
     raise WeightTyingError(
         message,
