@@ -3,7 +3,7 @@
 Moves here are `module.to()` on the CPU in torch's overwrite mode, which builds a new
 Parameter for every slot exactly like a move to or from XLA. The same code running
 inside real moves (to `meta`, the CPU in overwrite mode, and XLA) is tested in
-tests/test_tpu_plugin.py.
+tests/test_tpu_moves.py.
 """
 
 from __future__ import annotations
