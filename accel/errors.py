@@ -47,7 +47,12 @@ class AcceleratorUnavailableError(AcceleratorError, RuntimeError):
 
 
 class WeightTyingError(AcceleratorError, RuntimeError):
-    """Parameters that were tied before a move are no longer tied after it."""
+    """A move would change which tensors are tied: a tied group came apart, or slots
+    that held separate tensors before the move would share one after it.
+
+    Raised (with ``tie_check="error"``) after the model's own ``tie_weights()`` ran;
+    the model is then restored as it was before the move.
+    """
 
     def __init__(
         self,
@@ -56,14 +61,19 @@ class WeightTyingError(AcceleratorError, RuntimeError):
         count_before: int,
         count_after: int,
         broken_groups: list[tuple[str, ...]],
+        appeared_groups: list[tuple[str, ...]] | None = None,
     ):
         super().__init__(message)
         #: Unique parameters before the move.
         self.count_before = count_before
-        #: Unique parameters after the move (and the re-tie).
+        #: Unique parameters after the move, the re-tie and the model's ``tie_weights()``.
         self.count_after = count_after
         #: The qualified names of every group that came apart.
         self.broken_groups = broken_groups
+        #: The qualified names of every group that appeared: slots that held separate
+        #: tensors before the move and one tensor after it (the whole group as it was
+        #: then, e.g. ``("transformer.wte.weight", "lm_head.weight")``).
+        self.appeared_groups = [] if appeared_groups is None else appeared_groups
 
 
 class PluginError(AcceleratorError):

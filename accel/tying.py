@@ -1,17 +1,21 @@
 """Finding, restoring and checking tied (shared) parameters and buffers.
 
 A tie is one tensor object registered in several ``(module, name)`` slots, such as
-an embedding weight reused by the output layer. Moving a model to a device whose
-tensors cannot take over a CPU tensor's storage in place (XLA, ``meta``) makes
-:meth:`torch.nn.Module._apply` build a new Parameter for every slot, so a tied
-weight silently becomes several. This module remembers the ties before such a
-move and puts them back after it. It knows nothing about plugins or devices:
+an embedding weight reused by the output layer. A move that starts or ends on a
+device whose tensors cannot take over another tensor's storage in place (XLA,
+``meta``) makes :meth:`torch.nn.Module._apply` build a new Parameter for every slot,
+so a tied weight silently becomes several. This module remembers the ties before
+such a move and puts back exactly those ties after it. It knows nothing about
+plugins or devices:
 
 >>> snapshot = TyingSnapshot.capture(model)         # doctest: +SKIP
 >>> model = model.to(xla_device)                    # doctest: +SKIP
->>> snapshot.retie()                                # doctest: +SKIP
->>> snapshot.check(model).ok                        # doctest: +SKIP
+>>> snapshot.finish_move(model).ok                  # doctest: +SKIP
 True
+
+:meth:`TyingSnapshot.finish_move` re-ties, lets the model's own ``tie_weights()``
+run, and undoes it if it changed which tensors are tied; the :class:`TieReport` it
+returns names the groups that came apart and the groups that appeared.
 
 Everything here is one pass over the modules' own ``_parameters`` and ``_buffers``
 dictionaries: linear in the number of slots.
@@ -19,7 +23,7 @@ dictionaries: linear in the number of slots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = [
+    "SlotContents",
     "TieReport",
     "TiedGroup",
     "TyingSnapshot",
@@ -200,18 +205,72 @@ def count_unique_parameters(model: nn.Module) -> int:
     return len(seen)
 
 
+class SlotContents:
+    """Every module's parameter, buffer and submodule slots at one moment.
+
+    Holds references, never copies of tensors: :meth:`restore` puts the very same
+    objects back, so whatever was in a slot keeps its values.
+    """
+
+    __slots__ = ("_saved",)
+
+    def __init__(self, model: nn.Module) -> None:
+        saved = []
+        visited: set[int] = set()
+        stack = [model]
+        while stack:
+            module = stack.pop()
+            if id(module) in visited:
+                continue
+            visited.add(id(module))
+            saved.append(
+                (module, dict(module._parameters), dict(module._buffers), dict(module._modules))
+            )
+            stack.extend(child for child in module._modules.values() if child is not None)
+        self._saved = saved
+
+    def restore(self) -> bool:
+        """Put every captured slot's object back (slots added since are dropped).
+
+        Returns whether any slot had changed.
+        """
+        changed = False
+        for module, parameters, buffers, submodules in self._saved:
+            for live, saved in (
+                (module._parameters, parameters),
+                (module._buffers, buffers),
+                (module._modules, submodules),
+            ):
+                # Compared with `is`: `==` would call tensors' elementwise __eq__.
+                if len(live) != len(saved) or any(
+                    live.get(name) is not value for name, value in saved.items()
+                ):
+                    changed = True
+                    live.clear()
+                    live.update(saved)  # type: ignore[arg-type]
+        return changed
+
+
 @dataclass(frozen=True)
 class TieReport:
-    """The outcome of :meth:`TyingSnapshot.check`."""
+    """How a model's ties compare with a :class:`TyingSnapshot` (see its ``check``)."""
 
     count_before: int
     count_after: int
-    #: Groups whose slots no longer hold one object.
+    #: Remembered groups whose slots no longer hold one object.
     broken: tuple[TiedGroup, ...]
+    #: Groups of slots that hold one object now but held different objects in the
+    #: snapshot: a tie the model did not have. Names are the whole group as it is now.
+    appeared: tuple[TiedGroup, ...] = ()
+    #: Whether the model's ``tie_weights()`` ran (see :meth:`TyingSnapshot.finish_move`).
+    tie_weights_called: bool = False
+    #: Whether what ``tie_weights()`` changed was undone, because it changed the ties.
+    tie_weights_undone: bool = False
 
     @property
     def ok(self) -> bool:
-        return not self.broken and self.count_before == self.count_after
+        """The same ties as in the snapshot, and the same number of unique parameters."""
+        return not self.broken and not self.appeared and self.count_before == self.count_after
 
 
 @dataclass(frozen=True)
@@ -231,28 +290,116 @@ class TyingSnapshot:
         retie(list(self.groups))
 
     def check(self, model: nn.Module) -> TieReport:
-        """Compare ``model`` now with the snapshot."""
+        """Compare the ties ``model`` has now with the snapshot's.
+
+        A remembered group is *broken* when its slots no longer hold one object; a
+        group has *appeared* when slots that held different objects in the snapshot
+        now share one. One pass over the model, plus one over the snapshot's slots.
+        """
+        groups_now, count_now = _scan(model, buffers=True)
         broken = tuple(group for group in self.groups if not group.is_tied())
-        return TieReport(self.parameter_count, count_unique_parameters(model), broken)
+        return TieReport(self.parameter_count, count_now, broken, self._appeared(groups_now))
+
+    def _appeared(self, groups_now: list[TiedGroup]) -> tuple[TiedGroup, ...]:
+        if not groups_now:
+            return ()
+        # Slots are matched by module identity and attribute, not by name: a module
+        # registered under two paths is one module.
+        owner = {
+            (id(module), name, kind): index
+            for index, group in enumerate(self.groups)
+            for module, name, kind in group.slots
+        }
+        appeared = []
+        for group in groups_now:
+            # A slot in no remembered group held a tensor of its own: key it apart.
+            owners = {
+                owner.get((id(module), name, kind), ~position)
+                for position, (module, name, kind) in enumerate(group.slots)
+            }
+            if len(owners) > 1:
+                appeared.append(group)
+        return tuple(appeared)
+
+    def finish_move(self, model: nn.Module) -> TieReport:
+        """After the move: re-tie, let the model re-tie itself, keep the snapshot's ties.
+
+        1. Re-tie every remembered group (the slots' contents are then the truth:
+           the moved tensors, with the values they had before the move).
+        2. Call the model's own ``tie_weights()``, if it has one, as Hugging Face
+           models expect.
+        3. Compare with the snapshot. If ``tie_weights()`` left ties that differ (a
+           group came apart, or slots that were separate now share one tensor, as
+           when a checkpoint saved untied is loaded with a config that ties), every
+           slot gets back the object it held after step 1, so a move never changes
+           which tensors are tied nor any value.
+
+        Returns the report of step 3, before any undoing: what ``tie_weights()``
+        would have made of the model.
+        """
+        self.retie()
+        tie_weights = getattr(model, "tie_weights", None)
+        if not callable(tie_weights):
+            return self.check(model)
+        after_retie = SlotContents(model)
+        tie_weights()
+        report = self.check(model)
+        if report.ok:
+            return replace(report, tie_weights_called=True)
+        undone = after_retie.restore()
+        return replace(report, tie_weights_called=True, tie_weights_undone=undone)
 
 
 def format_tie_failure(report: TieReport, device: object) -> str:
-    """Explain a failed :class:`TieReport`: counts, broken groups, what to do."""
+    """Explain a failed :class:`TieReport`: counts, groups, what accel did, what to do."""
+    if report.broken and not report.appeared:
+        what = "tied weights came apart"
+    elif report.appeared and not report.broken:
+        what = "new ties appeared"
+    else:
+        what = "tied weights changed"
     lines = [
-        f"tied weights came apart moving the model to {device}. "
+        f"{what} moving the model to {device}. "
         f"Layer count: [Before: {report.count_before} After: {report.count_after}]"
     ]
     if report.broken:
         lines.append("Groups no longer tied (each was one tensor before the move):")
         lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in report.broken)
-    else:
+    if report.appeared:
+        lines.append("Groups newly tied (separate tensors before the move, one tensor after it):")
+        lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in report.appeared)
+    if not report.broken and not report.appeared:
         lines.append(
-            "Every remembered group is tied, but the model now has a different number of "
-            "unique parameters: something created or dropped parameters during the move."
+            "Every remembered group is tied and no new tie appeared, but the model now has a "
+            "different number of unique parameters: something created or dropped parameters "
+            "during the move."
+        )
+    if report.tie_weights_undone:
+        lines.append(
+            "accel re-tied the groups it found before the move, then called the model's "
+            "tie_weights(), which changed them; a move never changes which tensors are tied, "
+            "so accel undid what tie_weights() changed."
+        )
+    elif report.tie_weights_called:
+        lines.append(
+            "accel re-tied the groups it found before the move and called the model's "
+            "tie_weights(), which changed nothing."
+        )
+    else:
+        lines.append("accel re-tied the groups it found before the move.")
+    if report.appeared:
+        lines.append(
+            "A new tie usually means a checkpoint saved untied was loaded with a config that "
+            "ties (such as tie_word_embeddings=True): load it with the config its weights "
+            "were saved with, or tie the weights yourself before the move if you want them "
+            "tied (that replaces the trained weights of the tied-to slots)."
+        )
+    if report.broken:
+        lines.append(
+            "If the model's tie_weights() unties weights on purpose, or replaces them, fix it."
         )
     lines.append(
-        "accel re-tied the groups it found before the move, then called the model's "
-        "tie_weights(); if that method unties weights on purpose, or replaces them, fix it "
-        "or pass tie_check='warn' (or 'off') to get_accelerator()."
+        "To move anyway, keeping the ties the model had before the move, pass "
+        "tie_check='warn' (or 'off') to get_accelerator()."
     )
     return "\n".join(lines)

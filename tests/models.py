@@ -67,6 +67,30 @@ class UntiesOnPurpose(TiedLM):
         self.head.weight = nn.Parameter(self.embed.weight.detach().clone())
 
 
+class TiesOnTieWeights(nn.Module):
+    """Untied, but its tie_weights() ties the head to the embedding: a Hugging Face
+    checkpoint saved untied and loaded with a config that ties."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 6)
+        self.head = nn.Linear(6, 10, bias=False)
+
+    def tie_weights(self) -> None:
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(tokens))
+
+
+class SwapsTies(ThreeWayTie):
+    """A tie_weights() that unties one group and makes another: both kinds at once."""
+
+    def tie_weights(self) -> None:
+        self.heads["out"].weight = nn.Parameter(self.shared.weight.detach().clone())
+        self.blocks[0].weight = self.heads["out"].weight
+
+
 class SharedBuffer(nn.Module):
     """Two submodules register one buffer tensor."""
 

@@ -1,34 +1,35 @@
-"""Tied weights: found, re-tied and validated by the TPU plugin (main tier via `meta`).
+"""accel.tying on its own: finding, re-tying and comparing ties, with no plugin involved.
 
-`module.to("meta")` and any move under overwrite mode build a new Parameter per slot,
-exactly like a move to XLA, so these tests exercise the real TPU hooks fast.
+Moves here are `module.to()` on the CPU in torch's overwrite mode, which builds a new
+Parameter for every slot exactly like a move to or from XLA. The same code running
+inside real moves (to `meta`, the CPU in overwrite mode, and XLA) is tested in
+tests/test_tpu_moves.py.
 """
 
 from __future__ import annotations
-
-import warnings
 
 import pytest
 import torch
 from models import (
     ALL_MODELS,
-    FrozenTie,
     NoParameters,
     OwnTieWeights,
     SharedBuffer,
     SharedSubmodule,
+    SwapsTies,
     ThreeWayTie,
     TiedLM,
+    TiesOnTieWeights,
     UntiesOnPurpose,
 )
 from torch import nn
 
-import accel
-from accel.plugins.tpu import TyingWarning
 from accel.tying import (
+    SlotContents,
     TyingSnapshot,
     count_unique_parameters,
     find_tied_parameters,
+    format_tie_failure,
     retie,
 )
 
@@ -108,143 +109,6 @@ def test_snapshot_check_reports_broken_groups_and_counts() -> None:
     assert [group.names for group in report.broken] == [("embed.weight", "head.weight")]
 
 
-# -- the TPU plugin's move (to meta) ----------------------------------------------
-
-
-@pytest.mark.parametrize("name", sorted(ALL_MODELS))
-def test_tpu_move_keeps_every_tie_and_the_count(meta_tpu: accel.Accelerator, name: str) -> None:
-    model = ALL_MODELS[name]()
-    partition, count = _partition(model), count_unique_parameters(model)
-    groups = find_tied_parameters(model)
-    moved = meta_tpu.model_to_device(model)
-    assert moved is model
-    assert _partition(moved) == partition
-    assert count_unique_parameters(moved) == count
-    for group in groups:
-        first, *rest = group.tensors()
-        assert first is not None and first.device.type == "meta"
-        assert all(tensor is first for tensor in rest)
-    assert all(p.device.type == "meta" for p in moved.parameters())
-    assert all(b.device.type == "meta" for b in moved.buffers())
-
-
-def test_a_plain_meta_move_really_unties(meta_tpu: accel.Accelerator) -> None:
-    model = TiedLM().to("meta")  # the bug accel fixes, on torch's own
-    assert model.head.weight is not model.embed.weight
-    assert count_unique_parameters(model) == 4
-
-
-def test_frozen_tie_stays_frozen_and_tied(meta_tpu: accel.Accelerator) -> None:
-    model = meta_tpu.model_to_device(FrozenTie())
-    assert model.head.weight is model.embed.weight
-    assert model.embed.weight.requires_grad is False
-    assert model.body.weight.requires_grad is True
-
-
-def test_shared_buffer_is_shared_again(meta_tpu: accel.Accelerator) -> None:
-    model = meta_tpu.model_to_device(SharedBuffer())
-    assert model.a.table is model.b.table
-    assert model.a.table.device.type == "meta"
-
-
-def test_shared_submodule_stays_one_module(meta_tpu: accel.Accelerator) -> None:
-    model = meta_tpu.model_to_device(SharedSubmodule())
-    assert model.again is model.block
-    assert count_unique_parameters(model) == 4
-
-
-def test_models_own_tie_weights_runs_after_the_retie(meta_tpu: accel.Accelerator) -> None:
-    model = OwnTieWeights()
-    assert model.tie_weights_calls == 1
-    moved = meta_tpu.model_to_device(model)
-    assert moved.tie_weights_calls == 2
-    assert moved.decoder.weight is moved.encoder.weight
-
-
-def test_model_has_the_last_word_even_against_the_retie(meta_tpu: accel.Accelerator) -> None:
-    class TiesTheOtherWay(OwnTieWeights):
-        def tie_weights(self) -> None:
-            self.tie_weights_calls += 1
-            self.encoder.weight = self.decoder.weight
-
-    moved = meta_tpu.model_to_device(TiesTheOtherWay())
-    assert moved.encoder.weight is moved.decoder.weight
-
-
-def test_tie_weights_that_unties_raises_with_details(meta_tpu: accel.Accelerator) -> None:
-    model = UntiesOnPurpose()
-    embed_before = model.embed.weight
-    with pytest.raises(accel.WeightTyingError) as info:
-        meta_tpu.model_to_device(model)
-    error = info.value
-    assert isinstance(error, RuntimeError)
-    assert (error.count_before, error.count_after) == (3, 4)
-    assert error.broken_groups == [("embed.weight", "head.weight")]
-    message = str(error)
-    assert "Layer count: [Before: 3 After: 4]" in message
-    assert "embed.weight, head.weight" in message
-    assert "tie_check='warn'" in message
-    # Nothing lost: the model is back on the CPU, tied, with its original objects.
-    assert model.embed.weight is embed_before
-    assert model.head.weight is embed_before
-    assert embed_before.device.type == "cpu"
-    assert any("restored" in note for note in getattr(error, "__notes__", []))
-
-
-def test_tie_check_warn_keeps_the_moved_model(meta_tpu: accel.Accelerator) -> None:
-    meta_tpu.tie_check = "warn"
-    with pytest.warns(TyingWarning, match=r"Before: 3 After: 4"):
-        model = meta_tpu.model_to_device(UntiesOnPurpose())
-    assert model.embed.weight.device.type == "meta"
-    assert model.head.weight is not model.embed.weight
-
-
-def test_tie_check_off_neither_raises_nor_warns(meta_tpu: accel.Accelerator) -> None:
-    meta_tpu.tie_check = "off"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        model = meta_tpu.model_to_device(UntiesOnPurpose())
-    assert model.head.weight is not model.embed.weight
-    # "off" skips validation, not the re-tie: ordinary ties are still restored.
-    assert meta_tpu.model_to_device(TiedLM()).head.weight.device.type == "meta"
-    tied = meta_tpu.model_to_device(TiedLM())
-    assert tied.head.weight is tied.embed.weight
-
-
-def test_a_parameter_also_registered_as_a_buffer_stays_one_parameter(
-    meta_tpu: accel.Accelerator,
-) -> None:
-    model = nn.Module()
-    model.a = nn.Linear(2, 2)
-    model.b = nn.Module()
-    model.b.register_buffer("w", model.a.weight)
-    (group,) = find_tied_parameters(model)
-    assert group.kind == "parameter" and group.names == ("a.weight", "b.w")
-    moved = meta_tpu.model_to_device(model)
-    assert list(moved.b._parameters) == []  # no parameter slot appeared
-    assert moved.b._buffers["w"] is moved.a.weight
-    assert isinstance(moved.a.weight, nn.Parameter) and moved.a.weight.device.type == "meta"
-
-
-def test_swap_mode_failed_move_is_restored(meta_tpu: accel.Accelerator) -> None:
-    # torch's swap mode moves by swapping tensor implementations under the same
-    # Parameter objects; a failed move must swap them back.
-    model = UntiesOnPurpose()
-    weight, body = model.embed.weight, model.body.weight
-    body.grad = torch.ones_like(body)
-    grad = body.grad
-    before = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    try:
-        with pytest.raises(accel.WeightTyingError):
-            meta_tpu.model_to_device(model)
-    finally:
-        torch.__future__.set_swap_module_params_on_conversion(before)
-    assert model.embed.weight is weight and model.head.weight is weight
-    assert model.body.weight is body and body.device.type == "cpu"
-    assert body.grad is grad and torch.equal(grad, torch.ones_like(body))
-
-
 def _reference_groups(model: nn.Module) -> list[tuple[str, tuple[str, ...]]]:
     """The obvious implementation over named_modules(), to check the fast one against."""
     by_tensor: dict[int, list[tuple[str, str]]] = {}
@@ -291,20 +155,216 @@ def test_diamond_names_follow_module_order() -> None:
     assert ("left.0.scale", "head.scale") in groups
 
 
-def test_a_tied_weight_crosses_to_the_device_once(
-    meta_tpu: accel.Accelerator, monkeypatch: pytest.MonkeyPatch
+# -- comparing with a snapshot: groups that came apart and groups that appeared ------
+
+
+def test_check_names_a_tie_that_appeared() -> None:
+    model = TiesOnTieWeights()
+    snapshot = TyingSnapshot.capture(model)
+    assert snapshot.groups == () and snapshot.check(model).ok
+    model.tie_weights()
+    report = snapshot.check(model)
+    assert not report.ok
+    assert report.broken == ()
+    assert [(g.kind, g.names) for g in report.appeared] == [
+        ("parameter", ("embed.weight", "head.weight"))
+    ]
+    assert (report.count_before, report.count_after) == (2, 1)
+
+
+def test_check_names_a_group_that_grew() -> None:
+    model = ThreeWayTie()
+    snapshot = TyingSnapshot.capture(model)
+    model.blocks[0].weight = model.shared.weight
+    report = snapshot.check(model)
+    assert report.broken == ()
+    assert [g.names for g in report.appeared] == [
+        ("shared.weight", "blocks.0.weight", "blocks.1.weight", "heads.out.weight")
+    ]
+
+
+def test_check_sees_a_new_buffer_tie_the_parameter_count_cannot() -> None:
+    model = SharedBuffer()
+    model.c = nn.Module()
+    model.c.register_buffer("own", torch.zeros(2))
+    snapshot = TyingSnapshot.capture(model)
+    model.c.own = model.a.table
+    report = snapshot.check(model)
+    assert report.count_before == report.count_after
+    assert [(g.kind, g.names) for g in report.appeared] == [
+        ("buffer", ("a.table", "b.table", "c.own"))
+    ]
+    assert not report.ok
+
+
+def test_check_reports_a_group_split_in_two_as_broken_only() -> None:
+    model = ThreeWayTie()
+    snapshot = TyingSnapshot.capture(model)
+    other = nn.Parameter(torch.zeros(4, 4))
+    model.blocks[1].weight = other
+    model.heads["out"].weight = other
+    report = snapshot.check(model)
+    assert [g.names for g in report.broken] == [
+        ("shared.weight", "blocks.1.weight", "heads.out.weight")
+    ]
+    assert report.appeared == ()
+
+
+def test_check_reports_both_kinds_at_once() -> None:
+    model = SwapsTies()
+    snapshot = TyingSnapshot.capture(model)
+    model.tie_weights()
+    report = snapshot.check(model)
+    assert [g.names for g in report.broken] == [
+        ("shared.weight", "blocks.1.weight", "heads.out.weight")
+    ]
+    assert [g.names for g in report.appeared] == [("blocks.0.weight", "heads.out.weight")]
+    assert report.count_before == report.count_after == 2  # the count alone would miss it
+    assert not report.ok
+
+
+def test_slot_contents_restore_puts_the_same_objects_back() -> None:
+    model = ThreeWayTie()
+    model.register_buffer("scale", torch.ones(1))
+    objects = dict(model.named_parameters(remove_duplicate=False))
+    scale = model.scale
+    contents = SlotContents(model)
+    assert contents.restore() is False  # nothing changed, nothing to put back
+    model.blocks[1].weight = nn.Parameter(torch.zeros(4, 4))
+    model.scale = torch.zeros(1)
+    model.register_parameter("extra", nn.Parameter(torch.ones(1)))
+    model.heads["new"] = nn.Linear(1, 1)
+    assert contents.restore() is True
+    assert dict(model.named_parameters(remove_duplicate=False)) == objects
+    assert model.scale is scale
+    assert "new" not in model.heads
+
+
+# -- finishing a move: re-tie, the model's tie_weights(), never a change of ties ---
+
+
+def _moved_in_overwrite_mode(model: nn.Module) -> TyingSnapshot:
+    """Capture, then convert so that every slot gets a Parameter of its own."""
+    snapshot = TyingSnapshot.capture(model)
+    before = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        model.to(torch.float64)
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(before)
+    return snapshot
+
+
+def _values(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_MODELS))
+def test_finish_move_reties_every_model(name: str) -> None:
+    model = ALL_MODELS[name]()
+    partition, count = _partition(model), count_unique_parameters(model)
+    snapshot = _moved_in_overwrite_mode(model)
+    report = snapshot.finish_move(model)
+    assert report.ok
+    assert report.tie_weights_called is (name == "own_tie_weights")
+    assert not report.tie_weights_undone
+    assert _partition(model) == partition
+    assert count_unique_parameters(model) == count
+
+
+def test_finish_move_keeps_what_tie_weights_does_when_the_ties_stay_the_same() -> None:
+    replaced: list[tuple[nn.Parameter, nn.Parameter]] = []
+
+    class RetiesWithANewObject(OwnTieWeights):
+        def tie_weights(self) -> None:
+            self.tie_weights_calls += 1
+            shared = nn.Parameter(self.encoder.weight.detach().clone())
+            replaced.append((self.encoder.weight, shared))
+            self.encoder.weight = shared
+            self.decoder.weight = shared
+
+    model = RetiesWithANewObject()
+    snapshot = _moved_in_overwrite_mode(model)
+    report = snapshot.finish_move(model)
+    assert report.ok and report.tie_weights_called and not report.tie_weights_undone
+    assert model.tie_weights_calls == 2
+    # The ties are the same, so nothing is undone: the model's own new object stands.
+    after_retie, chosen = replaced[-1]
+    assert chosen is not after_retie
+    assert model.encoder.weight is chosen and model.decoder.weight is chosen
+
+
+@pytest.mark.parametrize("model_class", [TiesOnTieWeights, UntiesOnPurpose, SwapsTies])
+def test_finish_move_undoes_a_tie_weights_that_changes_the_ties(
+    model_class: type[nn.Module],
 ) -> None:
-    copied: list[tuple[int, ...]] = []
-    original = torch.Tensor.to
+    model = model_class()
+    partition = _partition(model)
+    values = _values(model)
+    snapshot = _moved_in_overwrite_mode(model)
+    report = snapshot.finish_move(model)
+    assert not report.ok
+    assert report.tie_weights_called and report.tie_weights_undone
+    assert report.broken or report.appeared
+    # The model keeps exactly the ties it had, and every value.
+    assert _partition(model) == partition
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, values[name].to(value.dtype)), name
 
-    def counting_to(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        copied.append(tuple(self.shape))
-        return original(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(torch.Tensor, "to", counting_to)
-    TiedLM().to("meta")
-    assert sorted(copied) == [(8,), (8, 8), (16, 8), (16, 8)]  # plain .to(): shared one twice
-    copied.clear()
-    model = meta_tpu.model_to_device(TiedLM())
-    assert sorted(copied) == [(8,), (8, 8), (16, 8)]
-    assert model.head.weight is model.embed.weight
+def test_finish_move_reports_what_tie_weights_would_have_made() -> None:
+    model = SwapsTies()
+    snapshot = _moved_in_overwrite_mode(model)
+    report = snapshot.finish_move(model)
+    assert [g.names for g in report.broken] == [
+        ("shared.weight", "blocks.1.weight", "heads.out.weight")
+    ]
+    assert [g.names for g in report.appeared] == [("blocks.0.weight", "heads.out.weight")]
+
+
+def test_finish_move_without_tie_weights_reports_a_failed_retie() -> None:
+    model = TiedLM()
+    snapshot = _moved_in_overwrite_mode(model)
+    snapshot.groups[0].slots[0][0]._parameters["weight"] = None  # the source slot emptied
+    report = snapshot.finish_move(model)
+    assert not report.ok and not report.tie_weights_called
+    assert [g.names for g in report.broken] == [("embed.weight", "head.weight")]
+
+
+# -- the failure message -------------------------------------------------------------
+
+
+def _report_after_tie_weights(model: nn.Module) -> str:
+    snapshot = _moved_in_overwrite_mode(model)
+    return format_tie_failure(snapshot.finish_move(model), "xla:0")
+
+
+def test_message_for_a_group_that_came_apart() -> None:
+    message = _report_after_tie_weights(UntiesOnPurpose())
+    first, *rest = message.splitlines()
+    assert first == (
+        "tied weights came apart moving the model to xla:0. Layer count: [Before: 3 After: 4]"
+    )
+    assert "Groups no longer tied (each was one tensor before the move):" in rest
+    assert "  - parameters embed.weight, head.weight" in rest
+    assert "Groups newly tied" not in message
+    assert "accel undid what tie_weights() changed" in message
+    assert "pass tie_check='warn' (or 'off')" in message
+
+
+def test_message_for_a_tie_that_appeared() -> None:
+    message = _report_after_tie_weights(TiesOnTieWeights())
+    first, *rest = message.splitlines()
+    assert first == "new ties appeared moving the model to xla:0. Layer count: [Before: 2 After: 1]"
+    assert "Groups newly tied (separate tensors before the move, one tensor after it):" in rest
+    assert "  - parameters embed.weight, head.weight" in rest
+    assert "Groups no longer tied" not in message
+    assert "tie_word_embeddings=True" in message
+    assert "pass tie_check='warn' (or 'off')" in message
+
+
+def test_message_for_both_kinds() -> None:
+    message = _report_after_tie_weights(SwapsTies())
+    assert message.startswith("tied weights changed moving the model to xla:0.")
+    assert "  - parameters shared.weight, blocks.1.weight, heads.out.weight" in message
+    assert "  - parameters blocks.0.weight, heads.out.weight" in message

@@ -1,7 +1,8 @@
 """The built-in accelerator plugins.
 
 Each is an ordinary plugin, registered through the same hooks a third-party
-plugin uses; the registry imports this package only on first use.
+plugin uses; the registry imports this package only on first use. All but the
+last declare an accelerator; the last is the TPU plugin's cross-cutting companion.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from typing import Final
 
 from accel.plugins.cpu import CpuPlugin
 from accel.plugins.gpu import CudaPlugin, MpsPlugin
-from accel.plugins.tpu import TpuPlugin
+from accel.plugins.tpu import TieGuardPlugin, TpuPlugin
 
-__all__ = ["BUILTIN_PLUGINS", "CpuPlugin", "CudaPlugin", "MpsPlugin", "TpuPlugin"]
+__all__ = ["BUILTIN_PLUGINS", "CpuPlugin", "CudaPlugin", "MpsPlugin", "TieGuardPlugin", "TpuPlugin"]
 
 #: (plugin name, factory) for every built-in, in registration order.
 BUILTIN_PLUGINS: Final[tuple[tuple[str, Callable[[], object]], ...]] = (
@@ -21,4 +22,7 @@ BUILTIN_PLUGINS: Final[tuple[tuple[str, Callable[[], object]], ...]] = (
     ("cuda", CudaPlugin),
     ("mps", MpsPlugin),
     ("tpu", TpuPlugin),
+    # Cross-cutting: keeps ties on other accelerators' moves that can untie them,
+    # such as a model leaving XLA for the CPU (see accel.plugins.tpu).
+    ("tpu-tie-guard", TieGuardPlugin),
 )

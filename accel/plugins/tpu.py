@@ -9,8 +9,11 @@ Asked for by name, ``tpu`` runs on any configured PJRT device, so
 ``PJRT_DEVICE=CPU`` runs it on XLA:CPU; ``"auto"`` picks it only when the
 runtime's device type really is TPU.
 
-Moving a module to an XLA device unties its shared parameters (see
-:mod:`accel.tying`); this plugin alone re-ties and validates them.
+Moving a module to or from an XLA device unties its shared parameters (see
+:mod:`accel.tying`); this module alone re-ties and validates them: :class:`TpuPlugin`
+on moves to ``tpu``, and its cross-cutting companion :class:`TieGuardPlugin` on
+every other accelerator's moves that can untie (a model leaving XLA, a move to
+``meta``), at the cost of two cheap checks on every other move.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import sys
 import warnings
 from typing import TYPE_CHECKING, Final
 
@@ -31,15 +35,19 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["TpuPlugin", "TyingWarning"]
+__all__ = ["TieGuardPlugin", "TpuPlugin", "TyingWarning", "move_can_untie"]
 
 # PJRT device types torch_xla knows; anything else is a typo we can report early.
 _PJRT_DEVICES: Final = frozenset({"CPU", "TPU", "CUDA", "GPU", "NEURON", "XPU"})
 _NOTES_KEY: Final = "accel.tpu.tying"
+#: Device types whose tensors cannot take over another device's storage in place:
+#: a move starting or ending on one gives every slot a Parameter of its own.
+UNTYING_DEVICE_TYPES: Final = frozenset({"xla", "meta"})
 
 
 class TyingWarning(UserWarning):
-    """Tied weights came apart in a move and ``tie_check="warn"`` was chosen."""
+    """A move would have changed which tensors are tied and ``tie_check="warn"`` was
+    chosen: the model keeps the ties it had before the move."""
 
 
 def tpu_hardware_present() -> bool:
@@ -137,32 +145,101 @@ class TpuPlugin:
     # hollowed out for the move and after it is re-tied.
     @hookimpl(trylast=True)
     def pre_move_hook(self, model: nn.Module, context: MoveContext) -> None:
-        snapshot = TyingSnapshot.capture(model)
-        context.notes[_NOTES_KEY] = snapshot
-        # Each shared tensor then crosses to the device once, not once per slot: on a
-        # GPT-2-sized model that is the difference between matching a bare move and
-        # copying the embedding twice. A failed move restores the slots.
-        empty_duplicate_slots(list(snapshot.groups))
+        _begin_guarded_move(model, context)
 
     @hookimpl(tryfirst=True)
     def post_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
-        snapshot: TyingSnapshot = context.notes[_NOTES_KEY]
-        snapshot.retie()
-        tie_weights = getattr(model, "tie_weights", None)
-        if callable(tie_weights):
-            tie_weights()  # the model has the last word on its own ties
-        if context.tie_check == "off":
-            return
-        report = snapshot.check(model)
-        if report.ok:
-            return
-        message = format_tie_failure(report, device)
-        if context.tie_check == "warn":
-            warnings.warn(message, TyingWarning, stacklevel=2)
-            return
-        raise WeightTyingError(
-            message,
-            count_before=report.count_before,
-            count_after=report.count_after,
-            broken_groups=[group.names for group in report.broken],
-        )
+        _finish_guarded_move(model, device, context)
+
+
+class TieGuardPlugin:
+    """The TPU plugin's cross-cutting companion: keeps ties on other accelerators' moves.
+
+    It declares no accelerator, so its hooks see every move. A move through ``cpu``
+    (or any accelerator) of a model on XLA unties exactly like a move to XLA does,
+    and so does a move to ``meta`` or any move in torch's overwrite mode
+    (``torch.__future__.set_overwrite_module_params_on_conversion(True)``). On other
+    moves (CPU <-> CUDA) it returns after :func:`move_can_untie`'s cheap checks.
+    On a ``tpu`` move, whichever of it and :class:`TpuPlugin` runs first does the
+    work, once.
+    """
+
+    @hookimpl(trylast=True)
+    def pre_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
+        if move_can_untie(model, device):
+            _begin_guarded_move(model, context)
+
+    @hookimpl(tryfirst=True)
+    def post_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
+        _finish_guarded_move(model, device, context)
+
+
+def move_can_untie(model: nn.Module, device: torch.device) -> bool:
+    """Whether moving ``model`` to ``device`` can give tied slots separate Parameters.
+
+    True when the target is XLA or ``meta``, when torch's overwrite mode is on, or
+    when a tensor of the model is on XLA. The last check walks the model, so it
+    runs only once torch_xla is imported: before that, no tensor can be on XLA.
+    """
+    if device.type in UNTYING_DEVICE_TYPES:
+        return True
+    import torch
+
+    if torch.__future__.get_overwrite_module_params_on_conversion():
+        return True
+    if "torch_xla" not in sys.modules:
+        return False
+    return _holds_a_tensor_on(model, UNTYING_DEVICE_TYPES)
+
+
+def _holds_a_tensor_on(model: nn.Module, device_types: frozenset[str]) -> bool:
+    visited: set[int] = set()
+    stack = [model]
+    while stack:
+        module = stack.pop()
+        if id(module) in visited:
+            continue
+        visited.add(id(module))
+        for slots in (module._parameters, module._buffers):
+            for tensor in slots.values():
+                if tensor is not None and tensor.device.type in device_types:
+                    return True
+        stack.extend(child for child in module._modules.values() if child is not None)
+    return False
+
+
+def _begin_guarded_move(model: nn.Module, context: MoveContext) -> None:
+    """Before the move: remember the ties, then hollow out the duplicate slots.
+
+    Does nothing if this move is already guarded (both plugins see ``tpu`` moves).
+    """
+    if _NOTES_KEY in context.notes:
+        return
+    snapshot = TyingSnapshot.capture(model)
+    context.notes[_NOTES_KEY] = snapshot
+    # Each shared tensor then crosses to the device once, not once per slot: on a
+    # GPT-2-sized model that is the difference between matching a bare move and
+    # copying the embedding twice. A failed move restores the slots.
+    empty_duplicate_slots(list(snapshot.groups))
+
+
+def _finish_guarded_move(model: nn.Module, device: torch.device, context: MoveContext) -> None:
+    """After the move: re-tie, run the model's ``tie_weights()``, keep the ties the
+    model had before the move, and report by ``context.tie_check``."""
+    snapshot: TyingSnapshot | None = context.notes.pop(_NOTES_KEY, None)
+    if snapshot is None:
+        return  # not a guarded move, or the other plugin finished it
+    report = snapshot.finish_move(model)
+    if report.ok or context.tie_check == "off":
+        return
+    message = format_tie_failure(report, device)
+    if context.tie_check == "warn":
+        warnings.warn(message, TyingWarning, stacklevel=3)
+        return
+    raise WeightTyingError(
+        message,
+        count_before=report.count_before,
+        count_after=report.count_after,
+        broken_groups=[group.names for group in report.broken],
+        appeared_groups=[group.names for group in report.appeared],
+    )
