@@ -11,13 +11,71 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["RestorePoint"]
+__all__ = ["RestorePoint", "SlotContents"]
+
+
+_Slots = tuple[
+    "nn.Module",
+    dict[str, "torch.Tensor | None"],
+    dict[str, "torch.Tensor | None"],
+    dict[str, "nn.Module | None"],
+]
+
+
+class SlotContents:
+    """Every module's parameter, buffer and submodule slots at one moment.
+
+    Holds references, never copies of tensors: :meth:`restore` puts the very same
+    objects back, so whatever was in a slot keeps its values.
+    """
+
+    __slots__ = ("_saved",)
+
+    def __init__(self, model: nn.Module) -> None:
+        saved: list[_Slots] = []
+        visited: set[int] = set()
+        stack = [model]
+        while stack:
+            module = stack.pop()
+            if id(module) in visited:
+                continue
+            visited.add(id(module))
+            saved.append(
+                (module, dict(module._parameters), dict(module._buffers), dict(module._modules))
+            )
+            stack.extend(child for child in module._modules.values() if child is not None)
+        self._saved = saved
+
+    def modules(self) -> list[_Slots]:
+        """``(module, parameters, buffers, submodules)`` of each module, as captured."""
+        return self._saved
+
+    def restore(self) -> bool:
+        """Put every captured slot's object back (slots added since are dropped).
+
+        Returns whether any slot had changed.
+        """
+        changed = False
+        for module, parameters, buffers, submodules in self._saved:
+            for live, saved in (
+                (module._parameters, parameters),
+                (module._buffers, buffers),
+                (module._modules, submodules),
+            ):
+                # Compared with `is`: `==` would call tensors' elementwise __eq__.
+                if len(live) != len(saved) or any(
+                    live.get(name) is not value for name, value in saved.items()
+                ):
+                    changed = True
+                    live.clear()
+                    live.update(saved)  # type: ignore[arg-type]
+        return changed
 
 
 @dataclass(frozen=True)
@@ -32,21 +90,18 @@ class _ParameterState:
 class RestorePoint:
     """What a model looked like before a move; :meth:`restore` puts it back."""
 
-    __slots__ = ("_modules", "_parameters")
+    __slots__ = ("_parameters", "_slots")
 
     def __init__(self, model: nn.Module) -> None:
-        self._modules = [
-            (module, dict(module._parameters), dict(module._buffers), dict(module._modules))
-            for module in model.modules()
-        ]
+        self._slots = SlotContents(model)
         states: dict[int, _ParameterState] = {}
-        for _, parameters, _, _ in self._modules:
+        for _, parameters, _, _ in self._slots.modules():
             for parameter in parameters.values():
                 if parameter is None or id(parameter) in states:
                     continue
                 grad = parameter.grad
                 states[id(parameter)] = _ParameterState(
-                    parameter,
+                    parameter,  # type: ignore[arg-type]
                     # .data is a new alias of the same storage: a reference, not a copy.
                     parameter.data,
                     parameter.requires_grad,
@@ -62,7 +117,7 @@ class RestorePoint:
         parameter maps to the one re-tied object.
         """
         moved: dict[int, nn.Parameter] = {}
-        for module, parameters, _, _ in self._modules:
+        for module, parameters, _, _ in self._slots.modules():
             for name, before in parameters.items():
                 after = module._parameters.get(name)
                 if before is not None and after is not None and id(before) not in moved:
@@ -73,10 +128,7 @@ class RestorePoint:
         """Put every slot, parameter storage and gradient back as captured."""
         import torch
 
-        for module, parameters, buffers, submodules in self._modules:
-            _replace(module._parameters, parameters)
-            _replace(module._buffers, buffers)
-            _replace(module._modules, submodules)
+        self._slots.restore()
         with torch.no_grad():
             for state in self._parameters:
                 parameter = state.parameter
@@ -117,12 +169,6 @@ def _as_parameter(data: torch.Tensor, state: _ParameterState) -> torch.Tensor:
 
 def _as_plain_tensor(data: torch.Tensor) -> torch.Tensor:
     return data.detach()
-
-
-def _replace(target: dict[str, Any], saved: dict[str, Any]) -> None:
-    # Always rebuild: comparing first would call tensors' elementwise __eq__.
-    target.clear()
-    target.update(saved)
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
+from accel._transaction import SlotContents
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -205,52 +207,6 @@ def count_unique_parameters(model: nn.Module) -> int:
     return len(seen)
 
 
-class SlotContents:
-    """Every module's parameter, buffer and submodule slots at one moment.
-
-    Holds references, never copies of tensors: :meth:`restore` puts the very same
-    objects back, so whatever was in a slot keeps its values.
-    """
-
-    __slots__ = ("_saved",)
-
-    def __init__(self, model: nn.Module) -> None:
-        saved = []
-        visited: set[int] = set()
-        stack = [model]
-        while stack:
-            module = stack.pop()
-            if id(module) in visited:
-                continue
-            visited.add(id(module))
-            saved.append(
-                (module, dict(module._parameters), dict(module._buffers), dict(module._modules))
-            )
-            stack.extend(child for child in module._modules.values() if child is not None)
-        self._saved = saved
-
-    def restore(self) -> bool:
-        """Put every captured slot's object back (slots added since are dropped).
-
-        Returns whether any slot had changed.
-        """
-        changed = False
-        for module, parameters, buffers, submodules in self._saved:
-            for live, saved in (
-                (module._parameters, parameters),
-                (module._buffers, buffers),
-                (module._modules, submodules),
-            ):
-                # Compared with `is`: `==` would call tensors' elementwise __eq__.
-                if len(live) != len(saved) or any(
-                    live.get(name) is not value for name, value in saved.items()
-                ):
-                    changed = True
-                    live.clear()
-                    live.update(saved)  # type: ignore[arg-type]
-        return changed
-
-
 @dataclass(frozen=True)
 class TieReport:
     """How a model's ties compare with a :class:`TyingSnapshot` (see its ``check``)."""
@@ -352,12 +308,9 @@ class TyingSnapshot:
 
 def format_tie_failure(report: TieReport, device: object) -> str:
     """Explain a failed :class:`TieReport`: counts, groups, what accel did, what to do."""
-    if report.broken and not report.appeared:
-        what = "tied weights came apart"
-    elif report.appeared and not report.broken:
-        what = "new ties appeared"
-    else:
-        what = "tied weights changed"
+    what = {(True, False): "tied weights came apart", (False, True): "new ties appeared"}.get(
+        (bool(report.broken), bool(report.appeared)), "tied weights changed"
+    )
     lines = [
         f"{what} moving the model to {device}. "
         f"Layer count: [Before: {report.count_before} After: {report.count_after}]"

@@ -65,7 +65,8 @@ def test_info_xla_alias_as_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_list_shows_tpu_available_but_not_for_auto(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "list")
     assert code == 0
-    rows = {line.split()[0]: line for line in out.strip().splitlines()[1:]}
+    table = out.strip().split("\n\n")[0]  # the footer states auto's rule
+    rows = {line.split()[0]: line for line in table.splitlines()[1:]}
     assert rows["tpu"].split()[:3] == ["tpu", "xla", "yes"]
     assert "not chosen by auto (PJRT device type CPU)" in rows["tpu"]
 
