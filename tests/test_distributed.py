@@ -144,7 +144,7 @@ def test_full_environment_is_parsed() -> None:
 
 @pytest.mark.parametrize(
     "present",
-    [("RANK",), ("MASTER_ADDR", "MASTER_PORT"), ("RANK", "WORLD_SIZE", "MASTER_ADDR")],
+    [("RANK",), ("LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"), ("RANK", "WORLD_SIZE", "MASTER_ADDR")],
 )
 def test_half_set_environment_names_what_is_missing(present: tuple[str, ...]) -> None:
     env = {name: value for name, value in full_environment().items() if name in present}
