@@ -59,43 +59,72 @@ def init_spmd(
 ) -> SpmdContext:
     """Switch the XLA runtime to SPMD and build a data-parallel mesh over its devices.
 
-    Call it first, before any tensor is on an XLA device: torch_xla switches to SPMD
-    for the whole process, once. Then move the model with
+    Call it first, before any tensor is on an XLA device and before any other
+    handle for the XLA accelerator is created (creating one hands a device out):
+    torch_xla switches to SPMD for the whole process, once, and this looks the
+    accelerator up only after the switch. Then move the model with
     ``context.accelerator.model_to_device(model)`` (it stays replicated, ties intact)
     and pass every batch through :func:`shard_batch`. Idempotent.
 
-    :param accelerator: an XLA accelerator (backend ``xla``): a handle, a name, or
-        ``None`` for the default.
-    :raises DistributedSetupError: the accelerator is not an XLA one, or an ``xla``
-        process group is running (SPMD replaces it: destroy it first).
+    :param accelerator: the name of an XLA accelerator (backend ``xla``), ``None``
+        for the default.
+    :raises DistributedSetupError: torch_xla is missing, the runtime already handed
+        out a device, the accelerator is not an XLA one, or an ``xla`` process group
+        is running (SPMD replaces it: destroy it first).
     """
     global _active
-    acc = resolve_accelerator(accelerator, registry)
-    if acc.distributed_backend != "xla":
-        raise DistributedSetupError(
-            f"init_spmd needs an XLA accelerator, but {acc.name!r} uses the "
-            f"{acc.distributed_backend!r} backend; pass 'tpu', or use "
-            f"init_process_group() and wrap_data_parallel() for {acc.name!r}"
-        )
-    import numpy as np
-    import torch.distributed as dist
-    import torch_xla.distributed.spmd as xs
-    import torch_xla.runtime as xr
-
     with _lock:
         if _active is not None:
             return _active
-        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "xla":
+        xr, xs = _switch_to_spmd()
+        acc = resolve_accelerator(accelerator, registry)  # after the switch: see above
+        if acc.distributed_backend != "xla":
             raise DistributedSetupError(
-                "an 'xla' process group is running, and SPMD has none; call "
-                "accel.distributed.destroy_process_group() before init_spmd()"
+                f"init_spmd needs an XLA accelerator, but {acc.name!r} uses the "
+                f"{acc.distributed_backend!r} backend; pass 'tpu', or use "
+                f"init_process_group() and wrap_data_parallel() for {acc.name!r}"
             )
-        xr.use_spmd()
+        import numpy as np
+
         count = int(xr.global_runtime_device_count())
         mesh = xs.Mesh(np.arange(count), (count,), (DATA_AXIS,))
         xs.set_global_mesh(mesh)
         _active = SpmdContext(mesh=mesh, num_devices=count, accelerator=acc, device=acc.device)
         return _active
+
+
+def _switch_to_spmd() -> tuple[Any, Any]:
+    """Turn torch_xla's SPMD mode on, or say why it cannot be; returns its runtime
+    and SPMD modules."""
+    try:
+        import torch_xla
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.runtime as xr
+    except ImportError as exc:
+        raise DistributedSetupError(
+            f"init_spmd needs torch_xla, and importing it failed ({exc}); pip install 'accel[tpu]'"
+        ) from exc
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "xla":
+        raise DistributedSetupError(
+            "an 'xla' process group is running, and SPMD has none; call "
+            "accel.distributed.destroy_process_group() before init_spmd()"
+        )
+    if xr.is_spmd():
+        return xr, xs
+    # Once a device was handed out, torch_xla can only force SPMD by replicating what
+    # exists, and torch_xla 2.9 then crashes at the next sync: refuse instead.
+    is_locked = getattr(torch_xla._XLAC, "_xla_get_spmd_config_is_locked", None)
+    if is_locked is not None and is_locked():
+        raise DistributedSetupError(
+            "the XLA runtime already handed out a device (an accelerator handle for "
+            "'tpu' was created, or a tensor moved to XLA) before init_spmd(), and SPMD "
+            "must be switched on before that; call accel.distributed.init_spmd('tpu') "
+            "first in the program and use the handle it returns (context.accelerator)"
+        )
+    xr.use_spmd()
+    return xr, xs
 
 
 def shard_batch(batch: Any, context: SpmdContext | None = None) -> Any:
