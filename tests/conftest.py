@@ -2,12 +2,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
 from fakes import MetaTpuPlugin
 
 import accel

@@ -66,8 +66,9 @@ def init_spmd(
     ``context.accelerator.model_to_device(model)`` (it stays replicated, ties intact)
     and pass every batch through :func:`shard_batch`. Idempotent.
 
-    :param accelerator: the name of an XLA accelerator (backend ``xla``), ``None``
-        for the default.
+    :param accelerator: an XLA accelerator (backend ``xla``) by name, or ``None`` for
+        the default; a handle works only once SPMD is on, as creating it handed out
+        a device (a non-XLA handle is refused before anything is switched).
     :raises DistributedSetupError: torch_xla is missing, the runtime already handed
         out a device, the accelerator is not an XLA one, or an ``xla`` process group
         is running (SPMD replaces it: destroy it first).
@@ -76,14 +77,11 @@ def init_spmd(
     with _lock:
         if _active is not None:
             return _active
+        if not isinstance(accelerator, (str, type(None))):
+            _require_xla(resolve_accelerator(accelerator, registry))  # before switching
         xr, xs = _switch_to_spmd()
         acc = resolve_accelerator(accelerator, registry)  # after the switch: see above
-        if acc.distributed_backend != "xla":
-            raise DistributedSetupError(
-                f"init_spmd needs an XLA accelerator, but {acc.name!r} uses the "
-                f"{acc.distributed_backend!r} backend; pass 'tpu', or use "
-                f"init_process_group() and wrap_data_parallel() for {acc.name!r}"
-            )
+        _require_xla(acc)
         import numpy as np
 
         count = int(xr.global_runtime_device_count())
@@ -91,6 +89,15 @@ def init_spmd(
         xs.set_global_mesh(mesh)
         _active = SpmdContext(mesh=mesh, num_devices=count, accelerator=acc, device=acc.device)
         return _active
+
+
+def _require_xla(acc: Accelerator) -> None:
+    if acc.distributed_backend != "xla":
+        raise DistributedSetupError(
+            f"init_spmd needs an XLA accelerator, but {acc.name!r} uses the "
+            f"{acc.distributed_backend!r} backend; pass 'tpu', or use "
+            f"init_process_group() and wrap_data_parallel() for {acc.name!r}"
+        )
 
 
 def _switch_to_spmd() -> tuple[Any, Any]:
@@ -136,14 +143,14 @@ def shard_batch(batch: Any, context: SpmdContext | None = None) -> Any:
     :raises ValueError: a tensor's first dimension does not divide evenly over the
         devices (each would see a different share of the batch). Scalars stay replicated.
     """
-    import torch_xla.distributed.spmd as xs
-
     if context is None:
         context = _active
     if context is None:
         raise DistributedSetupError(
             "shard_batch needs the mesh of accel.distributed.init_spmd(); call it first"
         )
+    import torch_xla.distributed.spmd as xs
+
     moved = context.accelerator.batch_to_device(batch)
     for tensor in _tensors(moved):
         if tensor.dim() == 0:

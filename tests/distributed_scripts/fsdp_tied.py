@@ -1,9 +1,10 @@
 """A torchrun worker: shards a tied model with FSDP2 and compares with one process.
 
-Usage: torchrun --nproc-per-node 2 fsdp_tied.py LAYOUT REPORT_DIR [STEPS]
+Usage: torchrun --nproc-per-node 2 fsdp_tied.py LAYOUT[,LAYOUT...] REPORT_DIR [STEPS]
 
-LAYOUT names the modules given their own FSDP2 unit: ``root`` (none: the whole model
-is one unit), ``separate`` (embed, body and head each their own, which torch's plain
+Each LAYOUT runs in turn, on a fresh model, in the one process group. It names the
+modules given their own FSDP2 unit: ``root`` (none: the whole model is one unit),
+``separate`` (embed, body and head each their own, which torch's plain
 fully_shard would untie), ``body`` (only the untied body). ``unhelped`` shards embed
 and head apart with torch's own fully_shard, without accel: the failure the helper
 exists for. Every rank also trains an unsharded copy on the whole batch in this one
@@ -30,28 +31,37 @@ import accel.distributed
 
 
 def main() -> None:
-    layout, report_dir = sys.argv[1], Path(sys.argv[2])
+    layouts, report_dir = sys.argv[1].split(","), Path(sys.argv[2])
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     context = accel.distributed.init_process_group("cpu", timeout=60)
+    report: dict[str, object] = {"rank": context.rank, "torch": torch.__version__}
+    for layout in layouts:
+        report[layout] = run_layout(layout, context, steps)
+    accel.distributed.destroy_process_group()
+    (report_dir / f"rank{context.rank}.json").write_text(json.dumps(report))
+
+
+def run_layout(
+    layout: str, context: accel.distributed.DistributedContext, steps: int
+) -> dict[str, object]:
     torch.manual_seed(0)  # the same start on every rank, as FSDP2 expects
     model = context.accelerator.model_to_device(TiedLM())
     reference = copy.deepcopy(model)
-    report: dict[str, object] = {"rank": context.rank, "torch": torch.__version__}
+    result: dict[str, object] = {}
     try:
-        losses, reference_losses = shard_and_train(model, reference, layout, context, steps, report)
+        losses, reference_losses = shard_and_train(model, reference, layout, context, steps, result)
     except Exception as exc:  # torch 2.13 refuses the unhelped layout at the first forward
-        report["error"] = f"{type(exc).__name__}: {exc}"
-        finish(report, report_dir, context.rank)
-        return
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        return result
     full = {name: unshard(p) for name, p in model.named_parameters()}
-    report["names"] = sorted(full)
-    report["loss_diff"] = max(abs(a - b) for a, b in zip(losses, reference_losses, strict=True))
-    report["param_diff"] = max(
+    result["names"] = sorted(full)
+    result["loss_diff"] = max(abs(a - b) for a, b in zip(losses, reference_losses, strict=True))
+    result["param_diff"] = max(
         (full[name] - reference.get_parameter(name).detach()).abs().max().item() for name in full
     )
-    report["trained"] = not torch.equal(full["embed.weight"], initial_embedding())
-    report["still_tied"] = model.head.weight is model.embed.weight
-    finish(report, report_dir, context.rank)
+    result["trained"] = not torch.equal(full["embed.weight"], initial_embedding())
+    result["still_tied"] = model.head.weight is model.embed.weight
+    return result
 
 
 def shard_and_train(
@@ -60,7 +70,7 @@ def shard_and_train(
     layout: str,
     context: accel.distributed.DistributedContext,
     steps: int,
-    report: dict[str, object],
+    result: dict[str, object],
 ) -> tuple[list[float], list[float]]:
     if layout == "unhelped":
         from torch.distributed.fsdp import fully_shard
@@ -75,8 +85,8 @@ def shard_and_train(
             "body": [model.body],
         }[layout]
         accel.distributed.fully_shard_tied(model, units)
-    report["parameters"] = len(list(model.parameters()))
-    report["tied"] = model.head.weight is model.embed.weight
+    result["parameters"] = len(list(model.parameters()))
+    result["tied"] = model.head.weight is model.embed.weight
     losses, reference_losses = [], []
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
@@ -108,11 +118,6 @@ def initial_embedding() -> torch.Tensor:
 def unshard(parameter: torch.Tensor) -> torch.Tensor:
     full = getattr(parameter, "full_tensor", None)
     return (full() if callable(full) else parameter).detach()
-
-
-def finish(report: dict[str, object], report_dir: Path, rank: int) -> None:
-    accel.distributed.destroy_process_group()
-    (report_dir / f"rank{rank}.json").write_text(json.dumps(report))
 
 
 if __name__ == "__main__":
