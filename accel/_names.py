@@ -1,17 +1,28 @@
-"""Accelerator names as users write them, and the environment variables accel reads."""
+"""Every rule about names: accelerator names as users write them, plugin and
+distribution names as packaging spells them, the environment variables accel reads,
+and the "did you mean" suggestion. Nothing else in accel parses a name.
+"""
 
 from __future__ import annotations
 
+import difflib
+import os
+import re
+from collections.abc import Iterable
 from typing import Final
-
-from accel.types import normalize_name
 
 __all__ = [
     "ACCELERATOR_ENV",
     "AUTO",
     "DISABLE_AUTOLOAD_ENV",
     "PLUGINS_ENV",
+    "check_accelerator_name",
+    "closest_name",
     "describe_index_range",
+    "env_flag",
+    "name_from_environment",
+    "normalize_distribution_name",
+    "normalize_name",
     "parse_accelerator_name",
 ]
 
@@ -24,6 +35,36 @@ PLUGINS_ENV: Final = "ACCEL_PLUGINS"
 
 #: The name that means "the best available accelerator".
 AUTO: Final = "auto"
+
+# Names are used in "name:index" strings and on the command line, so keep them
+# to something that survives both: lower-case letters, digits, "_" and "-".
+_NAME_PATTERN: Final = re.compile(r"^[a-z][a-z0-9_\-]*$")
+# Packaging's rule (PEP 503): runs of "-", "_" and "." are one separator, case is ignored.
+_DISTRIBUTION_SEPARATORS: Final = re.compile(r"[-_.]+")
+
+
+def normalize_name(name: str) -> str:
+    """The canonical form of an accelerator name: stripped, lower case."""
+    return name.strip().lower()
+
+
+def normalize_distribution_name(name: str) -> str:
+    """A distribution or entry-point name as packaging compares them:
+    ``accel_VendorX``, ``accel-vendorx`` and ``accel.vendorx`` are one name."""
+    return _DISTRIBUTION_SEPARATORS.sub("-", name.strip()).lower()
+
+
+def check_accelerator_name(value: object, what: str) -> str:
+    """``value`` normalised, if it is a valid accelerator name or alias."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}: {value!r}")
+    name = normalize_name(value)
+    if not _NAME_PATTERN.match(name):
+        raise ValueError(
+            f"{what} {value!r} is not a valid accelerator name: use a letter followed by "
+            "letters, digits, '_' or '-' (no ':', which separates the device index)"
+        )
+    return name
 
 
 def parse_accelerator_name(name: object) -> tuple[str, int | None]:
@@ -53,7 +94,32 @@ def parse_accelerator_name(name: object) -> tuple[str, int | None]:
     return base, int(index_text)
 
 
+def name_from_environment(name: str | None) -> tuple[str, str]:
+    """The name to select and where it came from, for messages.
+
+    ``None`` means ``$ACCEL_ACCELERATOR`` when it is set and not blank, else
+    ``"auto"``. The second item is ``""`` or ``" in $ACCEL_ACCELERATOR"``.
+    """
+    if name is not None:
+        return name, ""
+    from_env = os.environ.get(ACCELERATOR_ENV)
+    if from_env is not None and from_env.strip():
+        return from_env, f" in ${ACCELERATOR_ENV}"
+    return AUTO, ""
+
+
+def closest_name(name: str, known: Iterable[str]) -> str | None:
+    """The known name ``name`` was most likely meant to be, if one is close."""
+    matches = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
 def describe_index_range(canonical: str, count: int) -> str:
     if count <= 1:
         return f"{canonical!r} or '{canonical}:0'"
     return f"'{canonical}:0' to '{canonical}:{count - 1}'"
+
+
+def env_flag(name: str) -> bool:
+    """Whether environment variable ``name`` is set to a true value (1, true, yes, on)."""
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}

@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
+from accel._transaction import RestorePoint
 from accel.batch import move_batch
 from accel.errors import PluginError
-from accel.transaction import RestorePoint
-from accel.types import TIE_CHECK_MODES, AcceleratorSpec, MoveContext, TieCheck
+from accel.types import AcceleratorSpec, MoveContext, TieCheck, checked_tie_check
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from accel.registry import AcceleratorRegistry
+    from accel._dispatch import AcceleratorHooks
 
 __all__ = ["Accelerator"]
 
@@ -31,18 +31,18 @@ class Accelerator:
     accelerator's.
     """
 
-    __slots__ = ("_registry", "_tie_check", "device", "index", "spec")
+    __slots__ = ("_hooks", "_tie_check", "device", "index", "spec")
 
     def __init__(
         self,
-        *,
-        registry: AcceleratorRegistry,
+        hooks: AcceleratorHooks,
         spec: AcceleratorSpec,
+        *,
         index: int | None,
         device: torch.device,
         tie_check: TieCheck = "error",
     ) -> None:
-        self._registry = registry
+        self._hooks = hooks
         #: What the plugin declared: name, aliases, priority, description.
         self.spec = spec
         #: The device index asked for (``None``: the accelerator's default device).
@@ -68,34 +68,35 @@ class Accelerator:
 
     @tie_check.setter
     def tie_check(self, value: TieCheck) -> None:
-        if value not in TIE_CHECK_MODES:
-            raise ValueError(
-                f"tie_check must be one of {', '.join(map(repr, TIE_CHECK_MODES))}, got {value!r}"
-            )
-        self._tie_check = value
+        self._tie_check = checked_tie_check(value)
 
     def __repr__(self) -> str:
         return f"Accelerator(name={self.name!r}, device={str(self.device)!r})"
 
     def is_available(self) -> bool:
         """Whether the accelerator can still be used (asks its plugin again)."""
-        return self._registry.availability(self.name).available
+        return self._hooks.availability().available
 
     def device_count(self) -> int:
         """How many devices of this accelerator the process can use."""
-        return self._registry.device_count(self.name)
+        return self._hooks.device_count() if self.is_available() else 0
 
     def for_index(self, index: int) -> Accelerator:
         """The same accelerator on device ``index`` (as ``get_accelerator("NAME:INDEX")``).
 
         :raises accel.AcceleratorUnavailableError: ``index`` is beyond :meth:`device_count`.
         """
-        return self._registry.get_accelerator(f"{self.name}:{index}", tie_check=self._tie_check)
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ValueError(f"for_index expects a device index (an int >= 0), got {index!r}")
+        device = self._hooks.device(index, requested=f"{self.name}:{index}")
+        return Accelerator(
+            self._hooks, self.spec, index=index, device=device, tie_check=self._tie_check
+        )
 
     @property
     def distributed_backend(self) -> str:
         """The :mod:`torch.distributed` backend for this accelerator, e.g. ``"nccl"``."""
-        return self._registry._query(self.name, "distributed_backend", str)
+        return self._hooks.query("distributed_backend", str)
 
     def model_to_device(
         self,
@@ -125,20 +126,18 @@ class Accelerator:
         context = MoveContext(self.name, self.device, self._tie_check)
         hook_args: dict[str, Any] = {"model": model, "device": self.device, "context": context}
         try:
-            self._registry.call(self.name, "pre_move_hook", **hook_args)
-            moved = self._registry.call(self.name, "model_to_device", **hook_args)
+            self._hooks.call("pre_move_hook", **hook_args)
+            moved = self._hooks.call("model_to_device", **hook_args)
             if not isinstance(moved, nn.Module):
                 raise PluginError(
                     f"hook 'model_to_device' for accelerator {self.name!r} returned "
                     f"{type(moved).__name__}, not a torch.nn.Module, from "
-                    f"{self._registry.describe_answerers(self.name, 'model_to_device')}. "
+                    f"{self._hooks.answerers('model_to_device')}. "
                     f"Report this to the plugin's authors."
                 )
-            self._registry.call(
-                self.name, "post_move_hook", model=moved, device=self.device, context=context
-            )
+            self._hooks.call("post_move_hook", model=moved, device=self.device, context=context)
             if optimizers:
-                from accel.optimizers import retarget_optimizers
+                from accel._optimizers import retarget_optimizers
 
                 retarget_optimizers(optimizers, restore_point, self.device)
         except BaseException as exc:
@@ -156,11 +155,11 @@ class Accelerator:
         dataclasses) to :attr:`device`, keeping container types; other values pass
         through unchanged.
         """
-        if self._registry.only_fallback_implements(self.name, "batch_to_device"):
+        if self._hooks.only_fallback("batch_to_device"):
             # No plugin moves batches differently: skip the hook machinery (a few µs
             # a call, which adds up over a training loop's small batches).
             return move_batch(batch, self.device)
-        return self._registry.call(self.name, "batch_to_device", batch=batch, device=self.device)
+        return self._hooks.call("batch_to_device", batch=batch, device=self.device)
 
 
 def _as_optimizer_list(

@@ -27,6 +27,12 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
 
+#: The variable accel.get_accelerator() reads when given no name.
+_ACCELERATOR_ENV = "ACCEL_ACCELERATOR"
+#: What an omitted accelerator name means: what accel.get_accelerator() does.
+_DEFAULT_NAME_HELP = "name (default: $ACCEL_ACCELERATOR, else auto)"
+
+
 class CliError(Exception):
     """A user error the CLI reports in one line."""
 
@@ -55,16 +61,14 @@ def _build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser(
         "info", parents=[common], help="details of one accelerator, for bug reports"
     )
-    info.add_argument(
-        "name", nargs="?", default=None, help="name (default: $ACCEL_ACCELERATOR or auto)"
-    )
+    info.add_argument("name", nargs="?", default=None, help=_DEFAULT_NAME_HELP)
     info.add_argument("--json", action="store_true", help="print JSON for machines")
     info.set_defaults(run=_cmd_info)
 
     demo = commands.add_parser(
         "demo", parents=[common], help="move a tiny tied language model and train it"
     )
-    demo.add_argument("--accelerator", "-a", default=None, help="name (default: auto)")
+    demo.add_argument("--accelerator", "-a", default=None, help=_DEFAULT_NAME_HELP)
     demo.add_argument("--steps", type=_positive_int, default=20, help="training steps (20)")
     demo.set_defaults(run=_cmd_demo)
 
@@ -72,7 +76,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "check", parents=[common], help="move a model of yours and check its ties"
     )
     check.add_argument("factory", metavar="MODULE:FACTORY", help="callable that builds the model")
-    check.add_argument("--accelerator", "-a", default=None, help="name (default: auto)")
+    check.add_argument("--accelerator", "-a", default=None, help=_DEFAULT_NAME_HELP)
     check.set_defaults(run=_cmd_check)
     return parser
 
@@ -121,7 +125,16 @@ def _one_line(exc: BaseException) -> str:
     message = lines[0] if lines else ""
     if isinstance(exc, CliError):
         return message
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    name = _public_type_name(type(exc))
+    return f"{name}: {message}" if message else name
+
+
+def _public_type_name(cls: type) -> str:
+    """The name of the nearest public class: users can catch that one, never ``_Private``."""
+    for klass in cls.__mro__:
+        if not klass.__name__.startswith("_"):
+            return klass.__name__
+    return cls.__name__  # unreachable: object is public
 
 
 def _show_warning(
@@ -133,8 +146,9 @@ def _show_warning(
     line: str | None = None,
 ) -> None:
     """Warnings (a plugin that failed to load, say) as one line, without source."""
-    text = str(message).splitlines()[0] if str(message) else category.__name__
-    print(f"accel: warning: {category.__name__}: {text}", file=file or sys.stderr)
+    name = _public_type_name(category)
+    text = str(message).splitlines()[0] if str(message) else name
+    print(f"accel: warning: {name}: {text}", file=file or sys.stderr)
 
 
 def _print_table(rows: list[list[str]]) -> None:
@@ -149,12 +163,15 @@ def _cmd_list(args: argparse.Namespace) -> int:
     import accel
 
     infos = accel.list_accelerators()
+    _warn_about_the_default()
     if args.json:
         print(json.dumps([asdict(info) for info in infos], indent=2))
         return EXIT_OK
     rows = [["NAME", "ALIASES", "AVAILABLE", "DEVICES", "PRIORITY", "PROVIDER", "NOTES"]]
+    # Rows come in "auto" order, so auto's pick is the first it may choose.
+    pick = next((info.name for info in infos if info.available and info.auto), None)
     for info in infos:
-        note = info.reason
+        note = "chosen by auto" if info.name == pick else info.reason
         if info.available and not info.auto:
             note = "not chosen by auto" + (f" ({info.reason})" if info.reason else "")
         if info.remedy:
@@ -171,18 +188,43 @@ def _cmd_list(args: argparse.Namespace) -> int:
             ]
         )
     _print_table(rows)
+    print(
+        "\nauto picks the available accelerator with the highest priority, ties broken by "
+        "name (never by install order)"
+        + (f": here {pick!r}." if pick else "; none is available here.")
+    )
     return EXIT_OK
 
 
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
+def _warn_about_the_default() -> None:
+    """Say so when ``$ACCEL_ACCELERATOR`` names something ``get_accelerator()`` rejects.
 
-    found = {"python": sys.version.split()[0]}
-    for package in ("accel", "torch", "torch_xla", "pluggy"):
-        try:
-            found[package] = version(package)
-        except PackageNotFoundError:
-            found[package] = "not installed"
+    A typo there (``tpuu``) otherwise goes unnoticed until a training script fails.
+    """
+    import accel
+
+    value = os.environ.get(_ACCELERATOR_ENV, "")
+    if not value.strip():
+        return
+    try:
+        accel.get_accelerator()
+    except Exception as exc:
+        print(
+            f"accel: warning: ${_ACCELERATOR_ENV}={value!r} cannot be used, so "
+            f"accel.get_accelerator() without a name fails: {_one_line(exc)}",
+            file=sys.stderr,
+        )
+
+
+def _versions() -> dict[str, str]:
+    import accel
+    from accel._xla_versions import installed_version
+
+    # accel's own version is the running code's: the distribution (accel-torch) may be
+    # absent, as when running from a source checkout.
+    found = {"python": sys.version.split()[0], "accel": accel.__version__}
+    for package in ("torch", "torch_xla", "pluggy"):
+        found[package] = installed_version(package) or "not installed"
     return found
 
 
@@ -216,17 +258,31 @@ def _cmd_info(args: argparse.Namespace) -> int:
     except Exception as exc:  # memory figures are a nicety, never a failure
         report["memory"] = f"not reported ({_one_line(exc)})"
     report["versions"] = _versions()
+    report["problems"] = _problems()
     if args.json:
         print(json.dumps(report, indent=2))
         return EXIT_OK
     for key, value in report.items():
-        if isinstance(value, dict):
+        if key == "problems":
+            for problem in value:
+                print(f"problem: {problem}")
+        elif isinstance(value, dict):
             print(f"{key}:")
             for sub_key, sub_value in value.items():
                 print(f"  {sub_key}: {sub_value}")
         else:
             print(f"{key}: {value if value is not None else '-'}")
     return EXIT_OK
+
+
+def _problems() -> list[str]:
+    """What in this installation keeps an accelerator from working, with the fix."""
+    from accel._xla_versions import find_torch_xla_mismatch
+
+    mismatch = find_torch_xla_mismatch()
+    if mismatch is None:
+        return []
+    return [f"{mismatch.reason}; to fix: {mismatch.remedy}"]
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -16,8 +16,6 @@ this module in every run of every project installed next to accel.
 
 from __future__ import annotations
 
-import difflib
-import os
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NoReturn
@@ -26,6 +24,7 @@ import pytest
 
 from accel._names import ACCELERATOR_ENV as _ACCELERATOR_ENV
 from accel._names import AUTO as _AUTO
+from accel._names import closest_name, name_from_environment
 
 if TYPE_CHECKING:
     from accel.accelerator import Accelerator
@@ -125,8 +124,8 @@ def _validate_option(config: pytest.Config) -> None:
     known = sorted({*_registry().names(), _AUTO})
     if base in known:
         return
-    close = difflib.get_close_matches(base, known, n=1, cutoff=0.6)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    close = closest_name(base, known)
+    hint = f" Did you mean {close!r}?" if close else ""
     raise pytest.UsageError(
         f"--accelerator {requested!r}: no accelerator is called {base!r}.{hint} Known "
         f"names: {', '.join(known)}. Pass one of them, or install the plugin that "
@@ -199,10 +198,13 @@ def _probe(item: pytest.Item, name: str) -> _Probe:
     try:
         probe = _Probe(name, registry.get_accelerator(name).name, True, "")
     except AcceleratorUnavailableError as exc:
-        availability = registry.availability(exc.accelerator)
         reason = exc.reason or str(exc)
-        if not availability.available and availability.remedy:
-            reason = f"{reason}, to use it: {availability.remedy}"
+        remedy = next(
+            (row.remedy for row in registry.list_accelerators() if row.name == exc.accelerator),
+            "",
+        )
+        if remedy:
+            reason = f"{reason}, to use it: {remedy}"
         probe = _Probe(name, exc.accelerator, False, reason)
     except (AcceleratorNotFoundError, ValueError) as exc:
         _fail(f"@pytest.mark.{MARKER_NAME}({name!r}): {exc}")
@@ -226,10 +228,8 @@ def _requested(config: pytest.Config) -> tuple[str, str] | None:
     option = _option_value(config)
     if option is not None:
         return option, "--accelerator"
-    from_env = os.environ.get(_ACCELERATOR_ENV, "")
-    if from_env.strip():
-        return from_env, f"${_ACCELERATOR_ENV}"
-    return None
+    name, source = name_from_environment(None)
+    return (name, source.removeprefix(" in ")) if source else None
 
 
 @pytest.fixture
@@ -241,8 +241,8 @@ def accelerator(request: pytest.FixtureRequest) -> Accelerator:
     listed accelerators, and otherwise the first listed one that is available here.
     An accelerator that was asked for but cannot be used fails the test, saying why.
     """
+    from accel._names import normalize_name
     from accel.errors import AcceleratorError, AcceleratorUnavailableError
-    from accel.types import normalize_name
 
     registry = _registry()
     requested = _requested(request.config)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+from accel._names import check_accelerator_name
 
 if TYPE_CHECKING:
     import torch
@@ -22,26 +23,14 @@ __all__ = [
 TieCheck = Literal["error", "warn", "off"]
 TIE_CHECK_MODES: tuple[TieCheck, ...] = ("error", "warn", "off")
 
-# Names are used in "name:index" strings and on the command line, so keep them
-# to something that survives both: lower-case letters, digits, "_" and "-".
-_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_\-]*$")
 
-
-def normalize_name(name: str) -> str:
-    """Return the canonical form of an accelerator name: stripped, lower case."""
-    return name.strip().lower()
-
-
-def _checked_name(value: object, what: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__}: {value!r}")
-    name = normalize_name(value)
-    if not _NAME_PATTERN.match(name):
+def checked_tie_check(value: object) -> TieCheck:
+    """``value`` if it is a valid ``tie_check`` mode, else a :class:`ValueError`."""
+    if value not in TIE_CHECK_MODES:
         raise ValueError(
-            f"{what} {value!r} is not a valid accelerator name: use a letter followed by "
-            "letters, digits, '_' or '-' (no ':', which separates the device index)"
+            f"tie_check must be one of {', '.join(map(repr, TIE_CHECK_MODES))}, got {value!r}"
         )
-    return name
+    return value
 
 
 @dataclass(frozen=True)
@@ -64,10 +53,10 @@ class AcceleratorSpec:
     description: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "name", _checked_name(self.name, "accelerator name"))
+        object.__setattr__(self, "name", check_accelerator_name(self.name, "accelerator name"))
         if isinstance(self.aliases, str):
             raise TypeError(f"aliases of {self.name!r} must be a tuple of str, not a str")
-        aliases = tuple(_checked_name(alias, "alias") for alias in self.aliases)
+        aliases = tuple(check_accelerator_name(alias, "alias") for alias in self.aliases)
         object.__setattr__(self, "aliases", tuple(a for a in aliases if a != self.name))
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
             raise TypeError(f"priority of {self.name!r} must be an int, got {self.priority!r}")
@@ -79,8 +68,8 @@ class AcceleratorSpec:
 class Availability:
     """Whether an accelerator can be used here, as returned by ``is_available``.
 
-    >>> Availability(False, reason="torch_xla is not installed", remedy="pip install 'accel[tpu]'")
-    ... # doctest: +ELLIPSIS
+    >>> Availability(False, reason="torch_xla is not installed",
+    ...              remedy="pip install 'torch_xla==2.9.*'")  # doctest: +ELLIPSIS
     Availability(available=False, ...)
     """
 

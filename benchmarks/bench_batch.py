@@ -7,7 +7,7 @@ is timed twice: ``accel.batch.move_batch`` (the tree walk alone) and
 ``Accelerator.batch_to_device`` on a registry whose accelerator moves to ``meta``
 (the handle + pluggy hook call + the walk); the difference is the dispatch.
 
-Run through ``bash benchmarks/run``; alone: ``python benchmarks/bench_batch.py``.
+Run through ``bash benchmarks/run``; alone: ``PYTHONPATH=tests python benchmarks/bench_batch.py``.
 """
 
 from __future__ import annotations
@@ -18,31 +18,12 @@ import accelerate
 import torch
 from _harness import compare_per_call, environment_line, fmt_us, print_table, verdict
 from accelerate.utils import send_to_device
+from fakes import MetaTpuPlugin  # tests/fakes.py: benchmarks/run puts tests/ on the path
 
 import accel
 from accel.batch import move_batch
 
 META = torch.device("meta")
-
-
-class MetaAcceleratorPlugin:
-    """An accelerator plugin whose device is ``meta``; the built-in batch mover runs."""
-
-    @accel.hookimpl
-    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
-        return [accel.AcceleratorSpec("meta", description="moves to torch's meta device")]
-
-    @accel.hookimpl
-    def is_available(self) -> accel.Availability:
-        return accel.Availability(True, auto=False)
-
-    @accel.hookimpl
-    def device_count(self) -> int:
-        return 1
-
-    @accel.hookimpl
-    def get_device(self) -> torch.device:
-        return META
 
 
 def plain_to_device(batch: Any, device: torch.device) -> Any:
@@ -91,9 +72,11 @@ def tensors_in(batch: Any) -> list[torch.Tensor]:
 
 def main() -> None:
     print(environment_line(torch=torch.__version__, accelerate=accelerate.__version__))
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(MetaAcceleratorPlugin(), name="bench-meta")
-    acc = registry.get_accelerator("meta")
+    # The tests' TPU plugin on `meta`: it moves no batch itself, so the built-in
+    # mover runs behind the registry, as for every built-in accelerator.
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    registry.register(MetaTpuPlugin(), name="bench-meta")
+    acc = registry.get_accelerator("tpu")
     assert acc.device == META
 
     batches = {

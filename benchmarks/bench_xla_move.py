@@ -39,7 +39,7 @@ from _harness import (
 )
 
 import accel
-from accel.transaction import RestorePoint
+from accel._transaction import RestorePoint
 from accel.tying import TyingSnapshot
 
 ROUNDS = int(os.environ.get("BENCH_XLA_ROUNDS", "9"))

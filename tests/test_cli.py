@@ -94,7 +94,8 @@ def assert_one_error_line(err: str, *fragments: str) -> str:
 
 def table(out: str) -> tuple[list[str], dict[str, str]]:
     """The header's column names and each row's line, keyed by the row's name."""
-    header, *rows = out.strip().splitlines()
+    lines = out.strip().splitlines()
+    header, *rows = lines[: lines.index("")] if "" in lines else lines  # the table, no footer
     return header.split(), {row.split()[0]: row for row in rows}
 
 
@@ -115,8 +116,8 @@ def test_top_level_help(cli: Run) -> None:
     [
         ("list", ["usage: accel list", "--json", "--debug"]),
         ("info", ["usage: accel info", "[name]", "--json", "ACCEL_ACCELERATOR"]),
-        ("demo", ["usage: accel demo", "--accelerator", "-a", "--steps", "(20)"]),
-        ("check", ["usage: accel check", "MODULE:FACTORY", "--accelerator"]),
+        ("demo", ["usage: accel demo", "-a", "--steps", "(20)", "$ACCEL_ACCELERATOR, else auto"]),
+        ("check", ["usage: accel check", "MODULE:FACTORY", "$ACCEL_ACCELERATOR, else auto"]),
     ],
 )
 def test_subcommand_help(cli: Run, command: str, expected: list[str]) -> None:
@@ -207,6 +208,23 @@ def test_list_marks_an_available_accelerator_auto_passes_over(cli: Run) -> None:
     assert "not chosen by auto (fake says no)" in row
 
 
+def test_list_says_which_accelerator_auto_picks_and_why(cli: Run) -> None:
+    from fakes import FakeAccelerator
+
+    # Equal priorities: the name decides, whatever the registration order.
+    accel.default_registry().register(FakeAccelerator("zeta", priority=5))
+    accel.default_registry().register(FakeAccelerator("beta", priority=5))
+    _, out, _ = cli("list")
+    rows = table(out)[1]
+    assert "chosen by auto" in rows["beta"]
+    assert "chosen by auto" not in rows["zeta"] and "chosen by auto" not in rows["cpu"]
+    assert out.strip().splitlines()[-1] == (
+        "auto picks the available accelerator with the highest priority, ties broken by "
+        "name (never by install order): here 'beta'."
+    )
+    assert accel.get_accelerator("auto").name == "beta"
+
+
 def test_list_json_has_the_accelerator_info_fields(cli: Run) -> None:
     code, out, err = cli("list", "--json")
     assert code == 0 and err == ""
@@ -283,7 +301,7 @@ def test_info_cpu_has_what_a_bug_report_needs(cli: Run) -> None:
     assert fields["python"] == sys.version.split()[0]
     assert fields["torch"] == importlib.metadata.version("torch")
     assert fields["pluggy"] == importlib.metadata.version("pluggy")
-    assert fields["accel"] == importlib.metadata.version("accel")
+    assert fields["accel"] == accel.__version__  # the running code's, installed or not
     assert "torch_xla" in fields  # a version, or "not installed"
 
 
@@ -319,11 +337,13 @@ def test_info_json(cli: Run) -> None:
         "distributed_backend",
         "memory",
         "versions",
+        "problems",
     }
     assert (report["accelerator"], report["device"], report["memory"]) == ("cpu", "cpu", None)
     assert isinstance(report["device_count"], int) and report["device_count"] >= 1
     assert set(report["versions"]) == {"python", "accel", "torch", "torch_xla", "pluggy"}
     assert report["versions"]["torch"] == importlib.metadata.version("torch")
+    assert report["problems"] == []  # torch_xla absent (main tier) or matching (2.9.1)
 
 
 def test_info_through_the_console_script_with_the_environment() -> None:

@@ -48,6 +48,7 @@ def test_info_tpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert int(fields["device_count"]) >= 1
     assert fields["distributed_backend"] == "xla"
     assert fields["torch_xla"] == torch_xla.__version__.split("+")[0]
+    assert not [line for line in out.splitlines() if line.startswith("problem: ")]
     # Figures where the runtime has them; XLA:CPU keeps none and that is said, not fatal.
     assert "memory:" in out.splitlines() or fields["memory"].startswith("not reported (")
 
@@ -58,6 +59,7 @@ def test_info_xla_alias_as_json(capsys: pytest.CaptureFixture[str]) -> None:
     report = json.loads(out)
     assert (report["accelerator"], report["device"]) == ("tpu", "xla:0")
     assert report["versions"]["torch_xla"] != "not installed"
+    assert report["problems"] == []  # the real pair: torch 2.9.1 with torch_xla 2.9.0
 
 
 def test_list_shows_tpu_available_but_not_for_auto(capsys: pytest.CaptureFixture[str]) -> None:

@@ -193,6 +193,7 @@ def test_a_name_claimed_by_two_distributions_names_both(fixture_dists: Path) -> 
         print(json.dumps({
             "error": error,
             "conflicts": [f.conflicting_names for f in failures],
+            "errors": [f.error for f in failures],
             "cpu": accel.get_accelerator("cpu").name,
         }))
         """,
@@ -200,8 +201,11 @@ def test_a_name_claimed_by_two_distributions_names_both(fixture_dists: Path) -> 
     assert report["error"] is not None
     assert "accel-example-plugin 0.1.0" in report["error"]
     assert "accel-conflicting-plugin 0.0.2" in report["error"]
-    assert "'xpu' is claimed twice" in report["error"]
+    assert "the name 'xpu' is claimed by 2 installed plugins" in report["error"]
     assert ["xpu"] in report["conflicts"]
+    # Public exception types only, never a private class name.
+    conflict_errors = [e for e in report["errors"] if "claimed twice" in e]
+    assert conflict_errors and all(e.startswith("PluginError: ") for e in conflict_errors)
     assert report["cpu"] == "cpu"
 
 
@@ -234,3 +238,76 @@ def test_an_embedding_library_uses_its_own_entry_point_group(fixture_dists: Path
     assert report["own"] == ["npu"]
     assert "npu" not in report["default"]
     assert "xpu" not in report["own"]
+
+
+@pytest.fixture(scope="session")
+def alias_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A distribution disputing the example plugin's alias 'intel-gpu', really pip-installed."""
+    return pip_install_into(tmp_path_factory.mktemp("alias-site"), "accel-alias-plugin")
+
+
+def test_an_alias_claimed_by_two_distributions_selects_neither(alias_dist: Path) -> None:
+    report = _run_with(
+        alias_dist,
+        """
+        import json, accel
+        try:
+            accel.get_accelerator("intel-gpu")
+            error = None
+        except accel.PluginError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        print(json.dumps({
+            "error": error,
+            "arc": accel.get_accelerator("arc").name,  # its own name is undisputed
+            "auto": accel.get_accelerator("auto").name,
+            "failures": len(accel.default_registry().plugin_failures()),
+        }))
+        """,
+    )
+    assert report["error"] is not None
+    assert report["error"].startswith("PluginError: cannot select 'intel-gpu'")
+    assert "accel-example-plugin 0.1.0" in report["error"]
+    assert "accel_Alias.Plugin 0.0.3" in report["error"]
+    assert report["arc"] == "arc"
+    assert report["auto"] == "arc"  # priority 95, above the CPU
+    assert report["failures"] == 0  # both plugins loaded; only the alias is disputed
+
+
+@pytest.mark.parametrize(
+    "spelling", ["accel-alias-plugin", "ACCEL_ALIAS_PLUGIN", "accel.alias_plugin"]
+)
+def test_the_allow_list_compares_names_as_packaging_does(alias_dist: Path, spelling: str) -> None:
+    report = _run_with(
+        alias_dist,
+        """
+        import json, accel
+        print(json.dumps({"names": accel.default_registry().names()}))
+        """,
+        ACCEL_PLUGINS=spelling,
+    )
+    assert "arc" in report["names"]
+    assert "xpu" not in report["names"]  # the example plugin is not on the list
+    assert report["names"].count("intel-gpu") == 1  # undisputed now: only arc claims it
+
+
+def test_an_allow_list_entry_that_matches_nothing_warns_once_naming_what_is_there(
+    alias_dist: Path,
+) -> None:
+    report = _run_with(
+        alias_dist,
+        """
+        import json, warnings, accel
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            accel.default_registry().names()
+            accel.get_accelerator("cpu")
+        print(json.dumps([(w.category.__name__, str(w.message)) for w in caught]))
+        """,
+        ACCEL_PLUGINS="accel-alais-plugin",
+    )
+    assert len(report) == 1
+    category, message = report[0]
+    assert category == "PluginWarning"
+    assert "'accel-alais-plugin'" in message
+    assert "arc (from accel_Alias.Plugin 0.0.3)" in message
+    assert "xpu (from accel-example-plugin 0.1.0)" in message

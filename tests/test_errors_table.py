@@ -361,13 +361,14 @@ def _env_blank(mp: pytest.MonkeyPatch) -> object:
     return None
 
 
-@case("env-plugins-unknown", None)
+@case("env-plugins-unknown", accel.PluginWarning)
 def _env_plugins_unknown(mp: pytest.MonkeyPatch) -> object:
     assert "fake" in _entry_point_registry(mp, _fake_entry_point()).names()
     mp.setenv("ACCEL_PLUGINS", "nothing-installed")
     registry = _entry_point_registry(mp, _fake_entry_point())
-    assert "fake" not in registry.names()
-    assert {"cpu", "cuda", "mps", "tpu"} <= set(registry.names())
+    names = registry.names()  # warns: the allow-list matches nothing installed
+    assert "fake" not in names
+    assert {"cpu", "cuda", "mps", "tpu"} <= set(names)
     assert registry.plugin_failures() == []
     return None
 
@@ -695,6 +696,16 @@ def _spec_availability_auto_not_bool(mp: pytest.MonkeyPatch) -> object:
 @case("tpu-xla-not-installed", accel.AcceleratorUnavailableError)
 def _tpu_xla_not_installed(mp: pytest.MonkeyPatch) -> object:
     _torch_xla(mp, installed=False, pjrt="CPU")
+    return _registry().get_accelerator("tpu")
+
+
+@case("tpu-torch-xla-mismatch", accel.AcceleratorUnavailableError)
+def _tpu_torch_xla_mismatch(mp: pytest.MonkeyPatch) -> object:
+    from accel import _xla_versions
+
+    _torch_xla(mp, installed=True, pjrt="CPU")
+    fake = {"torch": "2.13.0", "torch_xla": "2.9.0"}
+    mp.setattr(_xla_versions, "version", lambda d: fake.get(d) or importlib.metadata.version(d))
     return _registry().get_accelerator("tpu")
 
 

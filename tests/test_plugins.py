@@ -245,15 +245,17 @@ def test_a_cross_cutting_hook_failure_names_that_plugin() -> None:
 
 
 def test_first_use_from_32_threads_initialises_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    loads: list[int] = []
-    original = accel.AcceleratorRegistry._register_builtins
+    import accel.plugins
 
-    def counting(self: accel.AcceleratorRegistry) -> None:
+    loads: list[int] = []
+
+    def counting_cpu() -> object:
         loads.append(threading.get_ident())
         threading.Event().wait(0.05)  # widen the window in which a race could happen
-        original(self)
+        return CpuPlugin()
 
-    monkeypatch.setattr(accel.AcceleratorRegistry, "_register_builtins", counting)
+    builtins = (("cpu", counting_cpu), *accel.plugins.BUILTIN_PLUGINS[1:])
+    monkeypatch.setattr(accel.plugins, "BUILTIN_PLUGINS", builtins)
     registry = accel.AcceleratorRegistry(entry_points=None)
     barrier = threading.Barrier(32)
     results: list[object] = []

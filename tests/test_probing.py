@@ -81,9 +81,9 @@ def test_tpu_without_torch_xla_says_what_to_install(monkeypatch: pytest.MonkeyPa
     availability = tpu.probe_xla()
     assert not availability.available
     assert availability.reason == "torch_xla is not installed"
-    assert "pip install 'accel[tpu]'" in availability.remedy
+    assert "'torch_xla==2.9.*'" in availability.remedy
     registry = accel.AcceleratorRegistry(entry_points=None)
-    with pytest.raises(accel.AcceleratorUnavailableError, match=r"pip install 'accel\[tpu\]'"):
+    with pytest.raises(accel.AcceleratorUnavailableError, match=r"'torch_xla==2\.9\.\*'"):
         registry.get_accelerator("xla")
 
 

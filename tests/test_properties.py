@@ -1,9 +1,11 @@
-"""Property-based tests of tied weights and transactional moves (main tier, no torch_xla).
+"""Property-based tests of tied weights and transactional moves.
 
-A move through the TPU plugin's hooks is exercised two ways: to `meta` (which, like
-XLA, builds a new Parameter for every slot; tensors there have no values), and to
-the CPU with torch's "overwrite module params on conversion" flag set (new
-Parameters again, and values that can be compared).
+A move through the TPU plugin's hooks is exercised three ways: to `meta` (which, like
+XLA, builds a new Parameter for every slot; tensors there have no values), to the CPU
+with torch's "overwrite module params on conversion" flag set (new Parameters again,
+and values that can be compared), and, in the XLA tier, to real XLA:CPU. Tests that
+hold for both `meta` and XLA take the target as a parameter (`TARGETS`); the XLA
+case carries the `xla` marker, so each tier runs its own half.
 """
 
 from __future__ import annotations
@@ -38,6 +40,19 @@ PROPERTY_SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+#: Where the TPU plugin's moves go: `meta` in the main tier, real XLA:CPU in the XLA tier.
+TARGETS = [pytest.param("meta"), pytest.param("xla", marks=pytest.mark.xla)]
+
+
+def tpu_to(target: str, *plugins: object) -> accel.Accelerator:
+    """The TPU plugin's hooks moving to ``target``, with ``plugins`` registered too."""
+    if target == "meta":
+        return make_accelerator(MetaTpuPlugin(), "tpu", *plugins)
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    for plugin in plugins:
+        registry.register(plugin)
+    return registry.get_accelerator("tpu")
 
 
 class InPlaceCastPlugin:
@@ -136,15 +151,16 @@ def test_overwrite_mode_cpu_move_keeps_ties_and_values(model: torch.nn.Module) -
             assert moved.get_parameter(name) is not record.obj, name
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @PROPERTY_SETTINGS
 @given(model=module_trees(), data=st.data())
-def test_meta_move_failing_at_a_tensor_copy_restores_the_model(
-    model: torch.nn.Module, data: st.DataObject
+def test_tpu_move_failing_at_a_tensor_copy_restores_the_model(
+    target: str, model: torch.nn.Module, data: st.DataObject
 ) -> None:
     copies = count_tensor_copies(model, tied_once=True)
     assume(copies > 0)  # a model without tensors makes no copy that could fail
     fail_at = data.draw(st.integers(1, copies), label="fail_at")
-    acc = make_accelerator(MetaTpuPlugin())
+    acc = tpu_to(target)
     before = ModelState.capture(model)
 
     with failing_tensor_copy(fail_at) as calls, pytest.raises(InjectedFault) as raised:
@@ -155,10 +171,13 @@ def test_meta_move_failing_at_a_tensor_copy_restores_the_model(
     assert_restored(model, before)
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @PROPERTY_SETTINGS
 @given(model=module_trees(), where=st.sampled_from(HOOK_FAULTS))
-def test_meta_move_failing_in_a_hook_restores_the_model(model: torch.nn.Module, where: str) -> None:
-    acc = make_accelerator(MetaTpuPlugin(), "tpu", FaultPlugin(where))
+def test_tpu_move_failing_in_a_hook_restores_the_model(
+    target: str, model: torch.nn.Module, where: str
+) -> None:
+    acc = tpu_to(target, FaultPlugin(where))
     before = ModelState.capture(model)
 
     with pytest.raises(InjectedFault) as raised:
@@ -168,11 +187,14 @@ def test_meta_move_failing_in_a_hook_restores_the_model(model: torch.nn.Module, 
     assert_restored(model, before)
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @PROPERTY_SETTINGS
 @given(model=module_trees())
-def test_meta_move_failing_tie_validation_restores_the_model(model: torch.nn.Module) -> None:
+def test_tpu_move_failing_tie_validation_restores_the_model(
+    target: str, model: torch.nn.Module
+) -> None:
     untie_on_tie_weights(model)
-    acc = make_accelerator(MetaTpuPlugin())
+    acc = tpu_to(target)
     before = ModelState.capture(model)
 
     with pytest.raises(accel.WeightTyingError) as raised:
@@ -217,14 +239,30 @@ def test_in_place_move_failing_in_a_hook_restores_storage(
     assert_restored(model, before)
 
 
-@settings(max_examples=15, deadline=None)
+@pytest.mark.parametrize("target", TARGETS)
+@settings(max_examples=10, deadline=None)
 @given(model=module_trees())
-def test_the_tensor_copy_count_is_exact(model: torch.nn.Module) -> None:
-    """The fault-injection tests rely on `count_tensor_copies` matching torch."""
+def test_the_tensor_copy_count_is_exact(target: str, model: torch.nn.Module) -> None:
+    """The fault-injection tests rely on `count_tensor_copies` matching torch (and torch_xla)."""
     copies = count_tensor_copies(model, tied_once=True)
     with failing_tensor_copy(0) as calls:
-        make_accelerator(MetaTpuPlugin()).model_to_device(model)
+        tpu_to(target).model_to_device(model)
     assert calls[0] == copies
+
+
+@pytest.mark.xla
+@PROPERTY_SETTINGS
+@given(model=module_trees())
+def test_xla_move_keeps_ties_counts_dtypes_and_values(model: torch.nn.Module) -> None:
+    """All four parameter dtypes round-trip exactly through XLA:CPU (torch_xla 2.9), so
+    no dtype is left out; values are compared after `.cpu()`."""
+    acc = accel.get_accelerator("tpu")
+    before = ModelState.capture(model)
+
+    moved = acc.model_to_device(model)
+
+    assert acc.device.type == "xla"
+    assert_moved(moved, before, acc.device, values=True)
 
 
 def test_tpu_plugin_is_the_real_one() -> None:

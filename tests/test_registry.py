@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from fakes import FakeAccelerator, MetaTpuPlugin, MoveRecorder
@@ -46,13 +48,18 @@ def test_constructing_a_registry_loads_nothing(monkeypatch: pytest.MonkeyPatch) 
     import accel.plugins
 
     calls: list[str] = []
-    monkeypatch.setattr(
-        accel.AcceleratorRegistry, "_register_builtins", lambda self: calls.append("builtins")
+
+    def counted(name: str, factory: Callable[[], object]) -> Callable[[], object]:
+        return lambda: (calls.append(name), factory())[1]
+
+    builtins = tuple(
+        (name, counted(name, factory)) for name, factory in accel.plugins.BUILTIN_PLUGINS
     )
+    monkeypatch.setattr(accel.plugins, "BUILTIN_PLUGINS", builtins)
     registry = accel.AcceleratorRegistry()
     assert calls == []
     registry.names()
-    assert calls == ["builtins"]
+    assert calls == ["cpu", "cuda", "mps", "tpu"]
 
 
 def test_cpu_move_never_reaches_the_tpu_plugins_hooks(

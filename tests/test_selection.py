@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+from typing import Any
+
 import pytest
 import torch
 from fakes import FakeAccelerator
@@ -271,3 +274,28 @@ def test_module_level_functions_use_one_lazy_default_registry() -> None:
     assert accel.default_registry() is accel.default_registry()
     assert accel.get_accelerator("cpu").name == "cpu"
     assert "cpu" in {info.name for info in accel.list_accelerators()}
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["installed-a-first", "installed-b-first"])
+def test_auto_and_the_listing_do_not_depend_on_install_order(
+    monkeypatch: pytest.MonkeyPatch, reverse: bool
+) -> None:
+    group = "accel-ordering-test"
+    found = [
+        importlib.metadata.EntryPoint("beta", "ordering_plugins:BetaPlugin", group),
+        importlib.metadata.EntryPoint("alpha", "ordering_plugins:AlphaPlugin", group),
+    ]
+    real = importlib.metadata.entry_points
+
+    def entry_points(**params: Any) -> Any:
+        if params.get("group") == group:
+            return found[::-1] if reverse else found  # as sys.path order would give them
+        return real(**params)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    registry = accel.AcceleratorRegistry(entry_points=group)
+
+    # Equal priorities: the canonical name breaks the tie, whatever the order found.
+    assert registry.get_accelerator("auto").name == "alpha"
+    names = [info.name for info in registry.list_accelerators()]
+    assert [name for name in names if name in ("alpha", "beta")] == ["alpha", "beta"]

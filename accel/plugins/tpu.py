@@ -21,6 +21,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Final
 
+from accel import _xla_versions
 from accel.errors import WeightTyingError
 from accel.markers import hookimpl
 from accel.tying import TyingSnapshot, empty_duplicate_slots, format_tie_failure
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 __all__ = ["TpuPlugin", "TyingWarning"]
 
-_INSTALL: Final = "pip install 'accel[tpu]' (torch_xla matching your torch version)"
 # PJRT device types torch_xla knows; anything else is a typo we can report early.
 _PJRT_DEVICES: Final = frozenset({"CPU", "TPU", "CUDA", "GPU", "NEURON", "XPU"})
 _NOTES_KEY: Final = "accel.tpu.tying"
@@ -53,7 +53,12 @@ def tpu_hardware_present() -> bool:
 def probe_xla() -> Availability:
     """Whether torch_xla can be used here, importing it only when configured."""
     if importlib.util.find_spec("torch_xla") is None:
-        return Availability(False, reason="torch_xla is not installed", remedy=_INSTALL)
+        remedy = _xla_versions.install_torch_xla_remedy()
+        return Availability(False, reason="torch_xla is not installed", remedy=remedy)
+    # A torch_xla built for another torch fails to import, or crashes: say so first.
+    mismatch = _xla_versions.find_torch_xla_mismatch()
+    if mismatch is not None:
+        return Availability(False, reason=mismatch.reason, remedy=mismatch.remedy)
     pjrt_device = os.environ.get("PJRT_DEVICE", "").strip()
     on_tpu_host = tpu_hardware_present()
     if not pjrt_device and not on_tpu_host:
@@ -83,7 +88,7 @@ def probe_xla() -> Availability:
         return Availability(
             False,
             reason=f"importing torch_xla failed: {type(exc).__name__}: {exc}".splitlines()[0],
-            remedy=_INSTALL,
+            remedy=_xla_versions.reinstall_torch_xla_remedy(),
         )
     runtime_type = str(xr.device_type() or device_type or "TPU").upper()
     return Availability(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from accel.transaction import RestorePoint
+    from accel._transaction import RestorePoint
 
 __all__ = ["retarget_optimizers"]
 
