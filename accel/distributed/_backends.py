@@ -1,4 +1,5 @@
-"""Which :mod:`torch.distributed` backend carries which device's tensors.
+"""Which :mod:`torch.distributed` backend carries which device's tensors, and the
+in-memory store a world of one process meets in.
 
 A backend string is a plain name (``"nccl"``) or a map by device type
 (``"cpu:gloo,cuda:nccl"``), as :func:`torch.distributed.init_process_group` takes it.
@@ -9,12 +10,12 @@ What a plain name carries is torch's own table
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from accel.accelerator import Accelerator
 
-__all__ = ["backend_for_device", "group_backend"]
+__all__ = ["backend_for_device", "device_backends", "group_backend", "memory_store"]
 
 
 def device_backends(backend: str, device_type: str) -> dict[str, str]:
@@ -56,3 +57,11 @@ def group_backend(acc: Accelerator) -> str:
     if dist.Backend.default_device_backend_map.get(device_type) != declared:
         return declared
     return f"cpu:gloo,{device_type}:{declared}"
+
+
+def memory_store() -> Any:
+    """An in-memory rendezvous store, for a world of one process: no port to collide."""
+    import torch.distributed as dist
+
+    # torch re-exports HashStore from its C extension without declaring it in __all__.
+    return dist.HashStore()  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from accel.distributed._backends import device_backends, group_backend
+from accel.distributed._backends import device_backends, group_backend, memory_store
 from accel.distributed._devices import local_accelerator
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._launchers import LaunchEnvironment, read_launch_environment
@@ -160,14 +160,6 @@ def _start_group(
     dist.init_process_group(
         backend, rank=environment.rank, world_size=environment.world_size, **options
     )
-
-
-def memory_store() -> Any:
-    """An in-memory rendezvous store, for a world of one process: no port to collide."""
-    import torch.distributed as dist
-
-    # torch re-exports HashStore from its C extension without declaring it in __all__.
-    return dist.HashStore()  # type: ignore[attr-defined]
 
 
 def _existing_context(

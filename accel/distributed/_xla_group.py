@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Any
 
+from accel.distributed._backends import memory_store
 from accel.distributed._errors import DistributedSetupError
 
 if TYPE_CHECKING:
@@ -34,8 +35,6 @@ def start_xla_group(
             "init_process_group() and wrap_data_parallel()"
         )
     import torch_xla.distributed.xla_backend  # noqa: F401  (registers the "xla" backend)
-
-    from accel.distributed._process_group import memory_store
 
     options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     if environment is None and xr.world_size() <= 1:
