@@ -1,270 +1,31 @@
-"""accel.distributed: the torchrun environment, the process group, DDP with ties.
-
-Multi-process tests run `torchrun` in a subprocess on loopback (127.0.0.1, a port
-the OS just handed out), bounded by a timeout after which the whole process group
-of the launcher is killed.
-"""
+"""accel.distributed: the process group and DDP with ties, in this process and
+under torchrun on loopback (see distributed_helpers)."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
+from distributed_helpers import (  # noqa: F401  (an autouse fixture)
+    SCRIPTS,
+    SingleGpu,
+    free_port,
+    full_environment,
+    no_launcher_and_no_group,
+    read_reports,
+    run_torchrun,
+    torchrun_env,
+)
 from fakes import FakeAccelerator
 from models import TiedLM
 
 import accel
 import accel.distributed as adist
-
-SCRIPTS = Path(__file__).parent / "distributed_scripts"
-TORCHRUN_TIMEOUT_S = 180
-ALL_VARIABLES = (*adist.TORCHRUN_VARIABLES, "LOCAL_WORLD_SIZE")
-
-
-@pytest.fixture(autouse=True)
-def _no_launcher_and_no_group(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every test starts outside torchrun with no group, and leaves none behind."""
-    for name in ALL_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    adist.destroy_process_group()
-    yield
-    adist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def torchrun_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items() if k not in ALL_VARIABLES and not k.startswith("ACCEL_")
-    }
-    if sys.platform.startswith("linux"):
-        env["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only, whatever the hostname resolves to
-    env["OMP_NUM_THREADS"] = "1"
-    env.update(extra)
-    return env
-
-
-def run_torchrun(
-    args: list[str], *, nproc: int = 2, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run `torchrun --nproc-per-node nproc ARGS` on loopback; kill it all on timeout.
-
-    A port picked free can be taken before torchrun binds it, so a launch that
-    failed on "address already in use" is retried once on a new port.
-    """
-    for _attempt in range(2):
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(nproc),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            *args,
-        ]
-        process = subprocess.Popen(
-            command,
-            env=env or torchrun_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # one process group: the launcher and its workers
-        )
-        try:
-            output, _ = process.communicate(timeout=TORCHRUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
-            pytest.fail(f"torchrun did not finish in {TORCHRUN_TIMEOUT_S} s:\n{output[-4000:]}")
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        if process.returncode == 0 or "address already in use" not in output.lower():
-            break
-    return subprocess.CompletedProcess(command, process.returncode, output, "")
-
-
-def read_reports(report_dir: Path, world_size: int) -> list[dict[str, Any]]:
-    return [json.loads((report_dir / f"rank{rank}.json").read_text()) for rank in range(world_size)]
-
-
-def full_environment(**overrides: str) -> dict[str, str]:
-    env = {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": "29500",
-    }
-    env.update(overrides)
-    return env
-
-
-# -- the torchrun environment ------------------------------------------------------
-
-
-def test_no_variables_means_a_single_process() -> None:
-    assert adist.read_torchrun_environment({"PATH": "/bin"}) is None
-    assert adist.read_torchrun_environment({"RANK": "  "}) is None  # blank counts as unset
-
-
-def test_full_environment_is_parsed() -> None:
-    environment = adist.read_torchrun_environment(
-        full_environment(
-            RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", MASTER_PORT="1234", LOCAL_WORLD_SIZE="2"
-        )
-    )
-    assert environment == adist.TorchrunEnvironment(
-        rank=3,
-        world_size=4,
-        local_rank=1,
-        master_addr="127.0.0.1",
-        master_port=1234,
-        local_world_size=2,
-    )
-
-
-@pytest.mark.parametrize(
-    "present",
-    [("RANK",), ("MASTER_ADDR", "MASTER_PORT"), ("RANK", "WORLD_SIZE", "MASTER_ADDR")],
-)
-def test_half_set_environment_names_what_is_missing(present: tuple[str, ...]) -> None:
-    env = {name: value for name, value in full_environment().items() if name in present}
-    with pytest.raises(adist.DistributedSetupError) as caught:
-        adist.read_torchrun_environment(env)
-    missing = tuple(name for name in adist.TORCHRUN_VARIABLES if name not in present)
-    assert caught.value.missing == missing
-    message = str(caught.value)
-    assert all(name in message for name in missing)
-    assert f"{present[0]}=" in message  # what was found
-    assert "torchrun" in message and "unset them all" in message  # what to do
-    assert isinstance(caught.value, accel.AcceleratorError)
-
-
-@pytest.mark.parametrize(
-    ("overrides", "expected"),
-    [
-        ({"RANK": "one"}, "RANK='one' is not an integer >= 0"),
-        ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not an integer >= 1"),
-        ({"LOCAL_RANK": "-1"}, "LOCAL_RANK='-1' is not an integer >= 0"),
-        ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
-        ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a TCP port"),
-        ({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=2 is not below"),
-    ],
-)
-def test_unusable_values_are_rejected(overrides: dict[str, str], expected: str) -> None:
-    env = full_environment(RANK="2", WORLD_SIZE="4")
-    env.update(overrides)
-    with pytest.raises(adist.DistributedSetupError, match=expected):
-        adist.read_torchrun_environment(env)
-
-
-def test_init_refuses_a_half_set_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(adist.DistributedSetupError, match="LOCAL_RANK, MASTER_ADDR, MASTER_PORT"):
-        adist.init_process_group("cpu")
-    assert not dist.is_initialized()
-    assert adist.current_context() is None
-
-
-# -- choosing this worker's device ---------------------------------------------------
-
-
-@pytest.fixture
-def two_device_registry() -> accel.AcceleratorRegistry:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(FakeAccelerator("twin", count=2))
-    return registry
-
-
-def worker(local_rank: int, world_size: int = 4) -> adist.TorchrunEnvironment:
-    return adist.TorchrunEnvironment(
-        rank=local_rank,
-        world_size=world_size,
-        local_rank=local_rank,
-        master_addr="127.0.0.1",
-        master_port=29500,
-    )
-
-
-def test_each_local_rank_gets_its_own_device(
-    two_device_registry: accel.AcceleratorRegistry,
-) -> None:
-    chosen = [
-        adist.local_accelerator("twin", worker(rank), registry=two_device_registry).index
-        for rank in (0, 1)
-    ]
-    assert chosen == [0, 1]
-
-
-def test_single_process_keeps_an_explicit_index(
-    two_device_registry: accel.AcceleratorRegistry,
-) -> None:
-    assert adist.local_accelerator("twin:1", None, registry=two_device_registry).index == 1
-    assert adist.local_accelerator("twin", None, registry=two_device_registry).index is None
-
-
-def test_an_explicit_index_that_is_not_the_local_rank_is_an_error(
-    two_device_registry: accel.AcceleratorRegistry,
-) -> None:
-    with pytest.raises(
-        adist.DistributedSetupError, match=r"twin:1.*LOCAL_RANK=0.*without an index"
-    ):
-        adist.local_accelerator("twin:1", worker(0), registry=two_device_registry)
-
-
-def test_more_workers_than_devices_is_an_error(
-    two_device_registry: accel.AcceleratorRegistry,
-) -> None:
-    with pytest.raises(accel.AcceleratorUnavailableError, match="device index 2") as caught:
-        adist.local_accelerator("twin", worker(2), registry=two_device_registry)
-    assert any("--nproc-per-node" in note for note in getattr(caught.value, "__notes__", []))
-
-
-def test_cpu_workers_share_the_one_cpu(registry: accel.AcceleratorRegistry) -> None:
-    acc = adist.local_accelerator("cpu", worker(1), registry=registry)
-    assert (acc.name, acc.index, acc.device) == ("cpu", None, torch.device("cpu"))
-
-
-class SingleGpu(FakeAccelerator):
-    """One device and the nccl backend: NCCL cannot put two ranks on one GPU."""
-
-    @accel.hookimpl
-    def distributed_backend(self) -> str:
-        return "nccl"
-
-
-def test_nccl_workers_never_share_a_device() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(SingleGpu("onegpu", count=1))
-    assert adist.local_accelerator("onegpu", worker(0), registry=registry).index == 0
-    with pytest.raises(accel.AcceleratorUnavailableError, match="device index 1"):
-        adist.local_accelerator("onegpu", worker(1), registry=registry)
-
-
-def test_accelerator_argument_is_type_checked() -> None:
-    with pytest.raises(TypeError, match=r"accel\.Accelerator, a name"):
-        adist.local_accelerator(3, None)  # type: ignore[arg-type]
-
 
 # -- the process group in this process -------------------------------------------------
 

@@ -255,7 +255,7 @@ def test_builtin_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     from accel.plugins import CudaPlugin, MpsPlugin, TpuPlugin
 
     assert CudaPlugin().distributed_backend() == "nccl"
-    assert MpsPlugin().distributed_backend() == "gloo"
+    assert MpsPlugin().distributed_backend() == "cpu:gloo"  # no backend carries MPS tensors
     assert TpuPlugin().distributed_backend() == "xla"
 
 

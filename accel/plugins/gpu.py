@@ -3,12 +3,17 @@ Apple ``mps``. Both answer to the alias ``gpu``, which picks whichever is availa
 
 Probing never initialises CUDA: the CUDA runtime's device query (``cuInit``) poisons
 ``fork()``, so a process that merely listed accelerators could no longer start
-CUDA data-loader workers. Device counts come from NVML (AMD SMI on ROCm) instead.
+CUDA data-loader workers. Device counts come from NVML (AMD SMI on ROCm) instead,
+and where those cannot count, from torch in a child process.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import ctypes
+import os
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Final
 
 from accel.markers import hookimpl
 from accel.types import AcceleratorSpec, Availability
@@ -20,8 +25,12 @@ if TYPE_CHECKING:
 def cuda_device_count_without_init() -> int | None:
     """Visible CUDA/ROCm devices, without initialising CUDA; ``None`` when unknown.
 
-    Unknown means torch has CUDA support but the management library (NVML or AMD
-    SMI) cannot be loaded, which in practice means there is no driver.
+    NVML (AMD SMI on ROCm) answers first, as in :func:`torch.cuda.device_count`.
+    Where it cannot (MIG instances named in ``CUDA_VISIBLE_DEVICES``, ROCm without the
+    ``amdsmi`` module, a container without NVML), torch falls back to the CUDA
+    runtime's own count, which initialises CUDA; accel asks torch for that count in
+    a fresh child process instead, so this process stays fork-safe. Unknown means no
+    GPU driver was found for that fallback.
     """
     import torch
 
@@ -33,10 +42,50 @@ def cuda_device_count_without_init() -> int | None:
         counter = getattr(torch.cuda, "_device_count_amdsmi", None)
     else:
         counter = getattr(torch.cuda, "_device_count_nvml", None)
-    if counter is None:
+    count = -1 if counter is None else int(counter())
+    if count >= 0:
+        return count
+    if not _gpu_driver_present(bool(torch.version.hip)):
         return None
-    count = counter()
-    return None if count < 0 else int(count)
+    return _count_in_child_process()
+
+
+def _gpu_driver_present(rocm: bool) -> bool:
+    """A GPU driver is installed: the CUDA driver library loads (loading it does not
+    initialise CUDA), or on ROCm the kernel driver's device node exists."""
+    if rocm:
+        return os.path.exists("/dev/kfd")
+    library = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return False
+    return True
+
+
+_child_counts: dict[tuple[str | None, ...], int | None] = {}
+_CHILD_CODE: Final = "import torch; print(torch.cuda.device_count())"
+_VISIBILITY: Final = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def _count_in_child_process() -> int | None:
+    """``torch.cuda.device_count()`` in a fresh interpreter (spawned, not forked), which
+    may initialise CUDA there; ``None`` if the child fails. Cached per visibility
+    setting: the count cannot change otherwise without a new driver."""
+    key = tuple(os.environ.get(name) for name in _VISIBILITY)
+    if key not in _child_counts:
+        try:
+            result = subprocess.run(
+                [sys.executable, "-c", _CHILD_CODE],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
+            _child_counts[key] = int(result.stdout.strip().splitlines()[-1])
+        except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+            _child_counts[key] = None
+    return _child_counts[key]
 
 
 def _cuda_built() -> bool:
@@ -70,7 +119,8 @@ class CudaPlugin:
         if count is None:
             return Availability(
                 False,
-                reason="no GPU driver found (NVML / AMD SMI could not be loaded)",
+                reason="no GPU driver found (NVML / AMD SMI could not count the GPUs, "
+                "and the CUDA driver library or ROCm's /dev/kfd is missing)",
                 remedy="install the NVIDIA or AMD GPU driver",
             )
         if count == 0:
@@ -135,4 +185,7 @@ class MpsPlugin:
 
     @hookimpl
     def distributed_backend(self) -> str:
-        return "gloo"
+        # No torch.distributed backend carries MPS tensors (gloo has CPU and CUDA
+        # ones only): the group is gloo for CPU tensors, and accel.distributed refuses
+        # to synchronise a model on MPS rather than fail inside a collective.
+        return "cpu:gloo"

@@ -53,6 +53,7 @@ def main() -> None:
         "backend": context.backend,
         "device": str(context.device),
         "launched": context.launched,
+        "launcher": context.launcher,
         "idempotent": again is context,
         "tied": ddp.module is model and model.head.weight is model.embed.weight,
         "unique_before": unique_before,

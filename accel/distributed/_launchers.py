@@ -1,0 +1,302 @@
+"""Where this process stands in the job, read from what its launcher set.
+
+Three launchers are recognised, in this order (``srun torchrun ...`` is torchrun's):
+
+- ``torchrun``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``;
+- SLURM's ``srun``: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, and the
+  first host of the step's node list as the rendezvous host;
+- Open MPI's ``mpirun``: ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_SIZE``,
+  ``OMPI_COMM_WORLD_LOCAL_RANK``.
+
+A launcher counts as present once its rank variables appear; then all of them must
+be there, or the job would silently run as several worlds of one. ``MASTER_ADDR`` and
+``MASTER_PORT`` alone (``torch_xla.launch`` sets just those) name no rank: a process
+with only them runs alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from accel.distributed._errors import DistributedSetupError
+
+__all__ = [
+    "DEFAULT_MASTER_PORT",
+    "OPENMPI_VARIABLES",
+    "SLURM_VARIABLES",
+    "TORCHRUN_VARIABLES",
+    "LaunchEnvironment",
+    "TorchrunEnvironment",
+    "read_launch_environment",
+    "read_torchrun_environment",
+]
+
+#: The variables ``torchrun`` sets for every worker; accel needs all of them or none
+#: of the first three (``MASTER_ADDR`` and ``MASTER_PORT`` alone are no launch).
+TORCHRUN_VARIABLES: Final = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+#: What ``srun`` sets for every task that accel needs (plus a node list, or ``MASTER_ADDR``).
+SLURM_VARIABLES: Final = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+#: What Open MPI's ``mpirun`` sets for every rank that accel needs.
+OPENMPI_VARIABLES: Final = (
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+)
+#: The rendezvous port when a launcher names none (torch's own default).
+DEFAULT_MASTER_PORT: Final = 29500
+
+_SLURM_NODE_LISTS: Final = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+_HINTS: Final = {
+    "torchrun": "launch with `torchrun --nproc-per-node N script.py` (it sets all of them), "
+    "set every one yourself, or unset them all to run as a single process (world size 1)",
+    "slurm": "launch the tasks with `srun` (it sets all of them), or unset SLURM_PROCID "
+    "to run as a single process",
+    "openmpi": "launch with `mpirun -np N` (Open MPI sets all of them), or unset "
+    "OMPI_COMM_WORLD_RANK to run as a single process",
+}
+
+
+@dataclass(frozen=True)
+class LaunchEnvironment:
+    """What the launcher told this process, validated (see :func:`read_launch_environment`)."""
+
+    #: Global rank of this process, ``0 <= rank < world_size``.
+    rank: int
+    #: Number of processes in the job.
+    world_size: int
+    #: Rank of this process on its machine; selects the device (``cuda:LOCAL_RANK``).
+    local_rank: int
+    #: Address of the rank-0 host.
+    master_addr: str
+    #: Port of the rendezvous store on the rank-0 host.
+    master_port: int
+    #: Processes on this machine, ``None`` when the launcher did not say.
+    local_world_size: int | None = None
+    #: Who started the process: ``"torchrun"``, ``"slurm"`` or ``"openmpi"``.
+    launcher: str = "torchrun"
+
+
+#: The name this class had when torchrun was the only launcher; still works.
+TorchrunEnvironment = LaunchEnvironment
+
+
+def read_launch_environment(
+    environ: Mapping[str, str] | None = None,
+) -> LaunchEnvironment | None:
+    """Read and check the variables of whichever launcher started this process.
+
+    torchrun's are read first (``srun torchrun`` is a torchrun job), then SLURM's,
+    then Open MPI's.
+
+    :param environ: where to read them; ``None`` means :data:`os.environ`.
+    :returns: the environment, or ``None`` when no launcher's rank variables are set
+        (a process started on its own).
+    :raises DistributedSetupError: a launcher's variables are partly set, or a value is
+        not usable (not an integer, rank beyond the world size, port out of range).
+    """
+    env = os.environ if environ is None else environ
+    for reader in (_read_torchrun, _read_slurm, _read_openmpi):
+        found = reader(env)
+        if found is not None:
+            return found
+    return None
+
+
+def read_torchrun_environment(
+    environ: Mapping[str, str] | None = None,
+) -> LaunchEnvironment | None:
+    """Read and check torchrun's variables (:data:`TORCHRUN_VARIABLES`) only.
+
+    :returns: the environment, or ``None`` when none of ``RANK``, ``WORLD_SIZE`` and
+        ``LOCAL_RANK`` is set.
+    :raises DistributedSetupError: as :func:`read_launch_environment`.
+    """
+    return _read_torchrun(os.environ if environ is None else environ)
+
+
+def _present(env: Mapping[str, str], names: tuple[str, ...]) -> dict[str, str]:
+    return {name: env[name] for name in names if env.get(name, "").strip()}
+
+
+def _require(
+    launcher: str, what: str, env: Mapping[str, str], names: tuple[str, ...]
+) -> dict[str, str]:
+    present = _present(env, names)
+    missing = tuple(name for name in names if name not in present)
+    if missing:
+        found = ", ".join(f"{name}={value!r}" for name, value in present.items())
+        raise DistributedSetupError(
+            f"the {what} environment is half set: found {found} but "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set; "
+            f"{_HINTS[launcher]}",
+            missing=missing,
+        )
+    return present
+
+
+def _read_torchrun(env: Mapping[str, str]) -> LaunchEnvironment | None:
+    if not _present(env, TORCHRUN_VARIABLES[:3]):
+        return None
+    values = _require("torchrun", "torchrun", env, TORCHRUN_VARIABLES)
+    local_world_size = None
+    if env.get("LOCAL_WORLD_SIZE", "").strip():
+        local_world_size = _integer("torchrun", env, "LOCAL_WORLD_SIZE", minimum=1)
+    return _checked(
+        "torchrun",
+        rank=_integer("torchrun", values, "RANK", minimum=0),
+        world_size=_integer("torchrun", values, "WORLD_SIZE", minimum=1),
+        local_rank=_integer("torchrun", values, "LOCAL_RANK", minimum=0),
+        local_world_size=local_world_size,
+        master_addr=values["MASTER_ADDR"].strip(),
+        master_port=_integer("torchrun", values, "MASTER_PORT", minimum=1),
+        names=("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    )
+
+
+def _read_slurm(env: Mapping[str, str]) -> LaunchEnvironment | None:
+    if not _present(env, ("SLURM_PROCID",)):
+        return None
+    values = _require("slurm", "SLURM", env, SLURM_VARIABLES)
+    master_addr = env.get("MASTER_ADDR", "").strip()
+    if not master_addr:
+        node_list = next((env[n] for n in _SLURM_NODE_LISTS if env.get(n, "").strip()), None)
+        if node_list is None:
+            raise DistributedSetupError(
+                f"the SLURM environment names no host for the rendezvous: none of "
+                f"{', '.join(_SLURM_NODE_LISTS)} nor MASTER_ADDR is set; "
+                f"{_HINTS['slurm']}, or set MASTER_ADDR to the rank-0 host",
+                missing=("SLURM_JOB_NODELIST",),
+            )
+        master_addr = first_host(node_list)
+    return _checked(
+        "slurm",
+        rank=_integer("slurm", values, "SLURM_PROCID", minimum=0),
+        world_size=_integer("slurm", values, "SLURM_NTASKS", minimum=1),
+        local_rank=_integer("slurm", values, "SLURM_LOCALID", minimum=0),
+        local_world_size=None,
+        master_addr=master_addr,
+        master_port=_slurm_port(env),
+        names=(*SLURM_VARIABLES, "SLURM_NTASKS_PER_NODE"),
+    )
+
+
+def _slurm_port(env: Mapping[str, str]) -> int:
+    """``MASTER_PORT``, else one derived from the job id: every task of a job computes
+    the same port, and two jobs sharing a node rarely collide."""
+    if env.get("MASTER_PORT", "").strip():
+        return _integer("slurm", env, "MASTER_PORT", minimum=1)
+    job_id = env.get("SLURM_JOB_ID", "").strip()
+    if job_id.isdigit():
+        return 20000 + int(job_id) % 20000
+    return DEFAULT_MASTER_PORT
+
+
+def _read_openmpi(env: Mapping[str, str]) -> LaunchEnvironment | None:
+    if not _present(env, ("OMPI_COMM_WORLD_RANK",)):
+        return None
+    values = _require("openmpi", "Open MPI", env, OPENMPI_VARIABLES)
+    world_size = _integer("openmpi", values, "OMPI_COMM_WORLD_SIZE", minimum=1)
+    local_world_size = None
+    if env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "").strip():
+        local_world_size = _integer("openmpi", env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1)
+    master_addr = env.get("MASTER_ADDR", "").strip()
+    if not master_addr:
+        if local_world_size != world_size:
+            raise DistributedSetupError(
+                "Open MPI does not tell its ranks where rank 0 runs, and this job may span "
+                f"machines (OMPI_COMM_WORLD_LOCAL_SIZE={local_world_size} of "
+                f"OMPI_COMM_WORLD_SIZE={world_size}); pass the rank-0 host with "
+                "`mpirun -x MASTER_ADDR=HOST -x MASTER_PORT=PORT ...`",
+                missing=("MASTER_ADDR",),
+            )
+        master_addr = "127.0.0.1"  # every rank is on this machine
+    port = DEFAULT_MASTER_PORT
+    if env.get("MASTER_PORT", "").strip():
+        port = _integer("openmpi", env, "MASTER_PORT", minimum=1)
+    return _checked(
+        "openmpi",
+        rank=_integer("openmpi", values, "OMPI_COMM_WORLD_RANK", minimum=0),
+        world_size=world_size,
+        local_rank=_integer("openmpi", values, "OMPI_COMM_WORLD_LOCAL_RANK", minimum=0),
+        local_world_size=local_world_size,
+        master_addr=master_addr,
+        master_port=port,
+        names=(*OPENMPI_VARIABLES, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    )
+
+
+def _checked(
+    launcher: str,
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    local_world_size: int | None,
+    master_addr: str,
+    master_port: int,
+    names: tuple[str, str, str, str],
+) -> LaunchEnvironment:
+    rank_name, size_name, local_name, local_size_name = names
+    hint = _HINTS[launcher]
+    if rank >= world_size:
+        raise DistributedSetupError(
+            f"{rank_name}={rank} is not below {size_name}={world_size}: ranks run from 0 to "
+            f"{world_size - 1}; {hint}"
+        )
+    if local_world_size is not None and local_rank >= local_world_size:
+        raise DistributedSetupError(
+            f"{local_name}={local_rank} is not below {local_size_name}={local_world_size}; {hint}"
+        )
+    if master_port > 65535:
+        raise DistributedSetupError(
+            f"MASTER_PORT={master_port} is not a TCP port (1 to 65535); pick a free port"
+        )
+    return LaunchEnvironment(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        local_world_size=local_world_size,
+        launcher=launcher,
+    )
+
+
+def _integer(launcher: str, env: Mapping[str, str], name: str, *, minimum: int) -> int:
+    text = env[name].strip()
+    value = int(text) if re.fullmatch(r"[+-]?\d+", text) else minimum - 1
+    if value < minimum:
+        raise DistributedSetupError(
+            f"{name}={env[name]!r} is not an integer >= {minimum}; {_HINTS[launcher]}"
+        )
+    return value
+
+
+def first_host(node_list: str) -> str:
+    """The first host of a SLURM node list: ``"gpu[07-09,12],cpu01"`` gives ``"gpu07"``.
+
+    SLURM compresses lists as ``prefix[ranges]suffix``, possibly several bracket groups
+    per name (``"rack[1-2]-n[01-04]"`` gives ``"rack1-n01"``); zero padding is kept.
+
+    :raises DistributedSetupError: the list is empty or its brackets do not close.
+    """
+    text = node_list.strip()
+    first = []
+    depth = 0
+    for char in text:
+        if char == "," and depth == 0:
+            break
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        first.append(char)
+    name = "".join(first).strip()
+    host = re.sub(r"\[([^\[\]]*)\]", lambda m: re.split(r"[-,]", m.group(1))[0], name)
+    if not host or "[" in host or "]" in host or depth != 0:
+        raise DistributedSetupError(
+            f"cannot read the first host of the SLURM node list {node_list!r}; set "
+            f"MASTER_ADDR to the rank-0 host"
+        )
+    return host

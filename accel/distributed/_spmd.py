@@ -1,0 +1,184 @@
+"""Data parallelism over the XLA devices of one process, through torch_xla's SPMD.
+
+Under SPMD one process drives every device (how TPU pods are driven): the model is
+written for one device and replicated, each batch is sharded along its first
+dimension over a 1-D ``data`` mesh, and the XLA compiler inserts the gradient
+all-reduce. There is no :mod:`torch.distributed` process group and no DDP wrapper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from accel.distributed._devices import resolve_accelerator
+from accel.distributed._errors import DistributedSetupError
+
+if TYPE_CHECKING:
+    import torch
+
+    from accel.accelerator import Accelerator
+    from accel.registry import AcceleratorRegistry
+
+__all__ = ["SpmdContext", "current_spmd_context", "init_spmd", "shard_batch"]
+
+#: The name of the mesh axis the batch is sharded over.
+DATA_AXIS = "data"
+
+
+@dataclass(frozen=True)
+class SpmdContext:
+    """The data-parallel mesh :func:`init_spmd` set up over this process's XLA devices."""
+
+    #: The :class:`torch_xla.distributed.spmd.Mesh`: every device on one ``data`` axis.
+    mesh: Any
+    #: How many devices the batch is sharded over.
+    num_devices: int
+    #: The handle to move the model with (ties are kept, as on one device).
+    accelerator: Accelerator
+    #: The SPMD virtual device that models and batches live on.
+    device: torch.device
+
+
+_lock = threading.Lock()
+_active: SpmdContext | None = None
+
+
+def current_spmd_context() -> SpmdContext | None:
+    """The context :func:`init_spmd` set up in this process, if any."""
+    return _active
+
+
+def init_spmd(
+    accelerator: Accelerator | str | None = "tpu",
+    *,
+    registry: AcceleratorRegistry | None = None,
+) -> SpmdContext:
+    """Switch the XLA runtime to SPMD and build a data-parallel mesh over its devices.
+
+    Call it first, before any tensor is on an XLA device and before any other
+    handle for the XLA accelerator is created (creating one hands a device out):
+    torch_xla switches to SPMD for the whole process, once, and this looks the
+    accelerator up only after the switch. Then move the model with
+    ``context.accelerator.model_to_device(model)`` (it stays replicated, ties intact)
+    and pass every batch through :func:`shard_batch`. Idempotent.
+
+    :param accelerator: an XLA accelerator (backend ``xla``) by name, or ``None`` for
+        the default; a handle works only once SPMD is on, as creating it handed out
+        a device (a non-XLA handle is refused before anything is switched).
+    :raises DistributedSetupError: torch_xla is missing, the runtime already handed
+        out a device, the accelerator is not an XLA one, or an ``xla`` process group
+        is running (SPMD replaces it: destroy it first).
+    """
+    global _active
+    with _lock:
+        if _active is not None:
+            return _active
+        if not isinstance(accelerator, (str, type(None))):
+            _require_xla(resolve_accelerator(accelerator, registry))  # before switching
+        xr, xs = _switch_to_spmd()
+        acc = resolve_accelerator(accelerator, registry)  # after the switch: see above
+        _require_xla(acc)
+        import numpy as np
+
+        count = int(xr.global_runtime_device_count())
+        mesh = xs.Mesh(np.arange(count), (count,), (DATA_AXIS,))
+        xs.set_global_mesh(mesh)
+        _active = SpmdContext(mesh=mesh, num_devices=count, accelerator=acc, device=acc.device)
+        return _active
+
+
+def _require_xla(acc: Accelerator) -> None:
+    if acc.distributed_backend != "xla":
+        raise DistributedSetupError(
+            f"init_spmd needs an XLA accelerator, but {acc.name!r} uses the "
+            f"{acc.distributed_backend!r} backend; pass 'tpu', or use "
+            f"init_process_group() and wrap_data_parallel() for {acc.name!r}"
+        )
+
+
+def _switch_to_spmd() -> tuple[Any, Any]:
+    """Turn torch_xla's SPMD mode on, or say why it cannot be; returns its runtime
+    and SPMD modules."""
+    try:
+        import torch_xla
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.runtime as xr
+    except ImportError as exc:
+        raise DistributedSetupError(
+            f"init_spmd needs torch_xla, and importing it failed ({exc}); pip install 'accel[tpu]'"
+        ) from exc
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "xla":
+        raise DistributedSetupError(
+            "an 'xla' process group is running, and SPMD has none; call "
+            "accel.distributed.destroy_process_group() before init_spmd()"
+        )
+    if xr.is_spmd():
+        return xr, xs
+    # Once a device was handed out, torch_xla can only force SPMD by replicating what
+    # exists, and torch_xla 2.9 then crashes at the next sync: refuse instead.
+    is_locked = getattr(torch_xla._XLAC, "_xla_get_spmd_config_is_locked", None)
+    if is_locked is not None and is_locked():
+        raise DistributedSetupError(
+            "the XLA runtime already handed out a device (an accelerator handle for "
+            "'tpu' was created, or a tensor moved to XLA) before init_spmd(), and SPMD "
+            "must be switched on before that; call accel.distributed.init_spmd('tpu') "
+            "first in the program and use the handle it returns (context.accelerator)"
+        )
+    xr.use_spmd()
+    return xr, xs
+
+
+def shard_batch(batch: Any, context: SpmdContext | None = None) -> Any:
+    """Move ``batch`` to the XLA device and shard each tensor's first dimension over
+    the mesh; containers are walked as by ``batch_to_device``.
+
+    :param context: from :func:`init_spmd`; ``None`` means the current one.
+    :raises DistributedSetupError: :func:`init_spmd` was not called.
+    :raises ValueError: a tensor's first dimension does not divide evenly over the
+        devices (each would see a different share of the batch). Scalars stay replicated.
+    """
+    if context is None:
+        context = _active
+    if context is None:
+        raise DistributedSetupError(
+            "shard_batch needs the mesh of accel.distributed.init_spmd(); call it first"
+        )
+    import torch_xla.distributed.spmd as xs
+
+    moved = context.accelerator.batch_to_device(batch)
+    for tensor in _tensors(moved):
+        if tensor.dim() == 0:
+            continue  # a scalar (a step count, a scale) stays replicated
+        if tensor.shape[0] % context.num_devices:
+            raise ValueError(
+                f"shard_batch splits every tensor's first dimension over "
+                f"{context.num_devices} devices, but a tensor of shape {tuple(tensor.shape)} "
+                f"does not divide evenly; use a batch size divisible by {context.num_devices}"
+            )
+        xs.mark_sharding(tensor, context.mesh, (DATA_AXIS,) + (None,) * (tensor.dim() - 1))
+    return moved
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """Every distinct tensor in a nested batch, in order."""
+    import torch
+
+    found: dict[int, torch.Tensor] = {}
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.setdefault(id(item), item)
+        elif isinstance(item, Mapping):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            stack.extend(reversed([getattr(item, f.name) for f in dataclasses.fields(item)]))
+    return list(found.values())
