@@ -743,6 +743,20 @@ def _tpu_tie_broken_by_model(mp: pytest.MonkeyPatch) -> object:
     return acc.model_to_device(model)
 
 
+@case("tpu-tie-appeared-by-model", accel.WeightTyingError)
+def _tpu_tie_appeared_by_model(mp: pytest.MonkeyPatch) -> object:
+    from models import TiesOnTieWeights
+
+    acc = _registry(MetaTpuPlugin(), builtins=False).get_accelerator("tpu")
+    model = TiesOnTieWeights()
+    assert model.head.weight is not model.embed.weight  # untied before the move
+    head = model.head.weight
+    try:
+        return acc.model_to_device(model)
+    finally:
+        assert model.head.weight is head  # restored: the head keeps its own weight
+
+
 # -- the tests -------------------------------------------------------------------------
 
 

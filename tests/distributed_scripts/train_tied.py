@@ -68,6 +68,7 @@ def main() -> None:
     }
     destroyed = accel.distributed.destroy_process_group()
     report["destroyed"] = destroyed and not torch.distributed.is_initialized()
+    report_dir.mkdir(parents=True, exist_ok=True)  # a fresh machine has no such folder
     (report_dir / f"rank{context.rank}.json").write_text(json.dumps(report))
 
 
