@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Final
 
 from accel.errors import WeightTyingError
 from accel.markers import hookimpl
+from accel.plugins._xla_training import XlaTrainingHooks
 from accel.tying import TyingSnapshot, empty_duplicate_slots, format_tie_failure
 from accel.types import AcceleratorSpec, Availability, MoveContext
 
@@ -93,7 +94,7 @@ def probe_xla() -> Availability:
     )
 
 
-class TpuPlugin:
+class TpuPlugin(XlaTrainingHooks):
     """Google TPUs (and any PJRT device) through torch_xla."""
 
     @hookimpl
