@@ -40,18 +40,23 @@ def to_cpu(obj: Any) -> Any:
     return map_tensors(obj, lambda tensor: tensor.detach().to("cpu"))
 
 
-def map_tensors(obj: Any, convert_tensor: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def map_tensors(
+    obj: Any, convert_tensor: Callable[[Any], Any], leaf_type: type | None = None
+) -> Any:
     """``obj`` rebuilt with ``convert_tensor(t)`` for every tensor ``t`` in it.
 
     Walks mappings, lists, tuples, namedtuples and dataclasses; other values pass
     through. Each distinct tensor object is converted once.
+
+    :param leaf_type: convert instances of this type instead of tensors.
     """
     import torch
 
-    memo: dict[int, torch.Tensor] = {}
+    leaf = torch.Tensor if leaf_type is None else leaf_type
+    memo: dict[int, Any] = {}
 
     def convert(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, leaf):
             key = id(value)
             found = memo.get(key)
             if found is None:

@@ -9,8 +9,10 @@ own ``xm.optimizer_step`` and ``MpDeviceLoader`` do.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Generator, Iterable, Iterator
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from accel.markers import hookimpl
@@ -129,8 +131,14 @@ class XlaLoader:
     def __iter__(self) -> Iterator[Any]:
         import torch_xla.distributed.parallel_loader as pl
 
+        from accel.checkpoint import map_tensors
+
         source = _Capturing(self._loader)
-        yield from pl.MpDeviceLoader(source, self._device)
+        for tensors in pl.MpDeviceLoader(source, self._device):
+            # torch_xla hands back tuples as lists and drops dataclasses; rebuild the
+            # batch as the loader made it around the moved tensors.
+            skeleton = source.skeletons.popleft()
+            yield map_tensors(skeleton, partial(_fill, tensors), leaf_type=_Slot)
         if source.error is not None:
             if hasattr(source.error, "add_note"):  # Python 3.11+
                 source.error.add_note(
@@ -140,26 +148,51 @@ class XlaLoader:
             raise source.error
 
 
-class _Capturing:
-    """Iterates ``loader``, keeping (not raising) the exception that ends it."""
+class _Slot:
+    """Where the ``index``-th tensor of a batch goes back in."""
 
-    __slots__ = ("_loader", "count", "error")
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+class _Capturing:
+    """Iterates ``loader`` (in torch_xla's loader thread), keeping the exception that
+    ends it, and handing over each batch's tensors as a flat list; the batch's shape
+    waits in ``skeletons``, in order, for the training loop to rebuild it."""
+
+    __slots__ = ("_loader", "count", "error", "skeletons")
 
     def __init__(self, loader: Iterable[Any]) -> None:
         self._loader = loader
         self.error: Exception | None = None
         self.count = 0
+        self.skeletons: deque[Any] = deque()  # appended here, popped there: thread-safe
 
     def __len__(self) -> int:
         return len(self._loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
+        from accel.checkpoint import map_tensors
+
         try:
             for batch in self._loader:
+                tensors: list[torch.Tensor] = []
+
+                def take(tensor: torch.Tensor, tensors: list[torch.Tensor] = tensors) -> _Slot:
+                    tensors.append(tensor)
+                    return _Slot(len(tensors) - 1)
+
+                self.skeletons.append(map_tensors(batch, take))
                 self.count += 1
-                yield batch
+                yield tensors
         except Exception as exc:
             self.error = exc
+
+
+def _fill(tensors: list[torch.Tensor], slot: _Slot) -> torch.Tensor:
+    return tensors[slot.index]
 
 
 def _int_or_none(value: object) -> int | None:
