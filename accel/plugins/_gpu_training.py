@@ -1,5 +1,8 @@
 """The training-step hooks of the GPU plugins (``cuda`` and ``mps``).
 
+Seeding needs no hook of theirs: the fallback's ``torch.manual_seed`` seeds every
+CUDA and MPS device too (queued until CUDA starts, so it never initialises it).
+
 Kept apart from the probing code in :mod:`accel.plugins.gpu`: these run only once
 a training loop uses the device, so unlike probing they may initialise CUDA.
 """
@@ -21,20 +24,13 @@ __all__ = ["CudaTrainingHooks", "MpsTrainingHooks", "pin_batch"]
 
 
 class CudaTrainingHooks:
-    """Synchronisation, seeds, precision, memory and prefetching through ``torch.cuda``."""
+    """Synchronisation, precision, memory and prefetching through ``torch.cuda``."""
 
     @hookimpl
     def synchronize(self, device: torch.device) -> None:
         import torch
 
         torch.cuda.synchronize(device)
-
-    @hookimpl
-    def manual_seed(self, seed: int) -> None:
-        import torch
-
-        # Queued until CUDA starts if it has not yet: seeding never initialises it.
-        torch.cuda.manual_seed_all(seed)
 
     @hookimpl
     def autocast(
@@ -74,19 +70,13 @@ class CudaTrainingHooks:
 
 
 class MpsTrainingHooks:
-    """Synchronisation, seeds, precision and memory through ``torch.mps``."""
+    """Synchronisation, precision and memory through ``torch.mps``."""
 
     @hookimpl
     def synchronize(self) -> None:
         import torch
 
         torch.mps.synchronize()
-
-    @hookimpl
-    def manual_seed(self, seed: int) -> None:
-        import torch
-
-        torch.mps.manual_seed(seed)
 
     @hookimpl
     def autocast(
