@@ -13,7 +13,9 @@ from accel.demo import run_demo
 
 def test_the_demo_trains_and_times_every_step() -> None:
     lines: list[str] = []
-    report = run_demo("cpu", steps=7, registry=accel.AcceleratorRegistry(entry_points=None), echo=lines.append)
+    report = run_demo(
+        "cpu", steps=7, registry=accel.AcceleratorRegistry(entry_points=None), echo=lines.append
+    )
     assert len(report.losses) == len(report.step_seconds) == 7  # past one pass over the data
     assert report.losses[-1] < report.losses[0] / 2
     assert all(seconds > 0 for seconds in report.step_seconds)
