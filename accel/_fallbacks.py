@@ -6,6 +6,9 @@ third-party accelerator plugin only implements what it does differently.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from accel.batch import move_batch
@@ -14,6 +17,8 @@ from accel.types import Availability
 
 if TYPE_CHECKING:
     import torch
+
+    from accel.memory import MemoryStats
 
 
 @hookimpl(trylast=True)
@@ -59,3 +64,81 @@ def model_to_device(model: torch.nn.Module, device: torch.device) -> torch.nn.Mo
 @hookimpl(trylast=True)
 def batch_to_device(batch: Any, device: torch.device) -> Any:
     return move_batch(batch, device)
+
+
+# -- the training step: what an accelerator that says nothing else gets -----------
+
+
+@hookimpl(trylast=True)
+def optimizer_step(optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None) -> Any:
+    return optimizer.step() if closure is None else optimizer.step(closure)
+
+
+@hookimpl(trylast=True)
+def mark_step() -> None:
+    return None  # an eager device has no pending graph
+
+
+@hookimpl(trylast=True)
+def synchronize() -> None:
+    return None  # nothing known to wait for
+
+
+@hookimpl(trylast=True)
+def manual_seed(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)  # the host, and every device type torch knows
+
+
+@hookimpl(trylast=True)
+def autocast(
+    accelerator: str, device: torch.device, dtype: torch.dtype | None
+) -> AbstractContextManager[Any]:
+    import torch
+
+    from accel.precision import checked_autocast_dtype, torch_autocast
+
+    try:
+        default = torch.get_autocast_dtype(device.type)
+    except RuntimeError:
+        raise ValueError(
+            f"torch cannot autocast on device type {device.type!r} (accelerator "
+            f"{accelerator!r}); its plugin must implement the autocast hook"
+        ) from None
+    # torch checks the rest when the block starts; the common types are known to be fine.
+    supported = (default,) if dtype is None else (dtype,)
+    chosen = checked_autocast_dtype(accelerator, dtype, default=default, supported=supported)
+    return torch_autocast(accelerator, device, chosen)
+
+
+@hookimpl(trylast=True)
+def memory_stats() -> MemoryStats:
+    from accel.memory import unknown
+
+    return unknown()
+
+
+@hookimpl(trylast=True)
+def device_loader(loader: Iterable[Any], move: Callable[[Any], Any]) -> Iterable[Any]:
+    from accel.device_loader import MovingLoader
+
+    return MovingLoader(loader, move)
+
+
+@hookimpl(trylast=True)
+def state_dict(model: torch.nn.Module) -> dict[str, Any]:
+    from accel.checkpoint import cpu_state_dict
+
+    return cpu_state_dict(model)
+
+
+@hookimpl(trylast=True)
+def save(obj: Any, path: str | os.PathLike[str]) -> bool:
+    import torch
+
+    from accel.checkpoint import is_main_process
+
+    if is_main_process():
+        torch.save(obj, path)
+    return True

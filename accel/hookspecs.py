@@ -20,7 +20,9 @@ built-in fallbacks are asked last.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from accel.markers import hookspec
@@ -28,18 +30,28 @@ from accel.markers import hookspec
 if TYPE_CHECKING:
     import torch
 
+    from accel.memory import MemoryStats
     from accel.types import AcceleratorSpec, Availability, MoveContext
 
 __all__ = [
+    "autocast",
     "batch_to_device",
     "device_count",
+    "device_loader",
     "distributed_backend",
     "get_device",
     "is_available",
+    "manual_seed",
+    "mark_step",
+    "memory_stats",
     "model_to_device",
+    "optimizer_step",
     "post_move_hook",
     "pre_move_hook",
     "register_accelerators",
+    "save",
+    "state_dict",
+    "synchronize",
 ]
 
 
@@ -189,5 +201,180 @@ def batch_to_device(accelerator: str, batch: Any, device: torch.device) -> Any:
         @accel.hookimpl
         def batch_to_device(batch, device):
             return my_runtime.send_to_device(batch, device)
+    """
+    raise NotImplementedError
+
+
+# -- the training step ---------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def optimizer_step(
+    accelerator: str,
+    optimizer: torch.optim.Optimizer,
+    closure: Callable[[], Any] | None,
+    device: torch.device,
+) -> Any:
+    """Step ``optimizer`` (with ``closure`` when given) the way this accelerator needs.
+
+    *First result*: the built-in fallback, asked last, is ``optimizer.step(closure)``
+    and returns what it returns. Most plugins do their work *around* that step, as a
+    wrapper: the TPU plugin reduces gradients across replicas before it and marks
+    the XLA step after it. A plain implementation that returns ``None`` lets the
+    fallback step; one that steps itself must return a value other than ``None``
+    (or the fallback steps a second time), so prefer a wrapper. Example::
+
+        @accel.hookimpl(wrapper=True)
+        def optimizer_step(optimizer):
+            my_runtime.all_reduce_gradients(optimizer)
+            result = yield  # the step itself
+            my_runtime.flush()
+            return result
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def mark_step(accelerator: str, device: torch.device) -> None:
+    """Cut the pending lazy graph and send it to the device (a step boundary).
+
+    Every implementation runs; the fallback does nothing, right for any eager
+    device. The TPU plugin calls ``torch_xla.sync()``. Example::
+
+        @accel.hookimpl
+        def mark_step(device):
+            my_lazy_runtime.flush(device)
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def synchronize(accelerator: str, device: torch.device) -> None:
+    """Block until ``device`` has finished the work queued on it so far.
+
+    Every implementation runs; the fallback does nothing (the CPU runs eagerly).
+    Example::
+
+        @accel.hookimpl
+        def synchronize(device):
+            torch.npu.synchronize(device)
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def manual_seed(accelerator: str, seed: int, device: torch.device) -> None:
+    """Seed the random number generators of this accelerator's devices.
+
+    Every implementation runs. The fallback calls ``torch.manual_seed(seed)``,
+    which seeds the host and every device type torch itself knows (CUDA, MPS,
+    XPU, a registered ``privateuse1`` backend), so implement this only for a
+    runtime that keeps its own random state, as XLA does. Example::
+
+        @accel.hookimpl
+        def manual_seed(seed, device):
+            my_runtime.set_rng_state(seed, device)
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def autocast(
+    accelerator: str, device: torch.device, dtype: torch.dtype | None
+) -> AbstractContextManager[Any] | None:
+    """Return a context manager that runs its block in mixed precision on ``device``.
+
+    ``dtype`` is what the user asked for, or ``None`` for the accelerator's
+    preferred low-precision type. Raise ``ValueError`` for a type the device
+    cannot autocast to (:func:`accel.precision.checked_autocast_dtype` writes
+    the message). *First result*: the fallback is ``torch.autocast`` for the
+    device's type, defaulting to ``torch.get_autocast_dtype``. Example::
+
+        @accel.hookimpl
+        def autocast(device, dtype):
+            from accel.precision import checked_autocast_dtype
+            chosen = checked_autocast_dtype("npu", dtype, default=torch.float16,
+                                            supported=(torch.float16, torch.bfloat16))
+            return torch.autocast(device.type, dtype=chosen)
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def memory_stats(accelerator: str, device: torch.device) -> MemoryStats | None:
+    """Report the device's memory use as an :class:`accel.memory.MemoryStats` dict.
+
+    Keys ``allocated_bytes``, ``peak_allocated_bytes`` and ``total_bytes``; each an
+    ``int``, or ``None`` when the runtime does not report it (never a guess).
+    *First result*: the fallback reports all three as ``None``. Example::
+
+        @accel.hookimpl
+        def memory_stats(device):
+            return accel.memory.MemoryStats(
+                allocated_bytes=torch.npu.memory_allocated(device),
+                peak_allocated_bytes=torch.npu.max_memory_allocated(device),
+                total_bytes=torch.npu.get_device_properties(device).total_memory,
+            )
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def device_loader(
+    accelerator: str,
+    loader: Iterable[Any],
+    device: torch.device,
+    move: Callable[[Any], Any],
+) -> Iterable[Any] | None:
+    """Return an iterable over ``loader``'s batches with their tensors on ``device``.
+
+    Iterated once per epoch, so return something iterable again and again (a
+    class with ``__iter__``, not a generator). ``move`` is the handle's
+    ``batch_to_device``, with every plugin's batch hooks. Transfer ahead of use
+    where the device allows it: the TPU plugin uses torch_xla's
+    ``MpDeviceLoader``, the CUDA plugin copies the next batch from pinned memory
+    while the current one is used. *First result*: the fallback moves each batch
+    with ``move`` as it is taken. Example::
+
+        @accel.hookimpl
+        def device_loader(loader, device):
+            return my_runtime.PrefetchingLoader(loader, device)
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def state_dict(accelerator: str, model: torch.nn.Module) -> dict[str, Any] | None:
+    """Return ``model``'s state dict with every tensor on the CPU.
+
+    A tensor the model holds under several names (a tied weight) must be one CPU
+    tensor under all of them, so that ``torch.save`` stores it once and
+    ``load_state_dict`` restores the tie. *First result*: the fallback
+    (:func:`accel.checkpoint.cpu_state_dict`) copies each distinct tensor once.
+    Example::
+
+        @accel.hookimpl
+        def state_dict(model):
+            my_runtime.wait_for_pending_writes()
+            return None  # then let the fallback copy
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def save(accelerator: str, obj: Any, path: str | os.PathLike[str]) -> bool | None:
+    """Write ``obj`` (its tensors already on the CPU) to ``path``; return ``True``.
+
+    Only the main process of a distributed job writes; a process that must not
+    write returns ``True`` too, having handled the call. *First result*: the
+    fallback writes with ``torch.save`` on rank 0 of an initialised
+    :mod:`torch.distributed` group, or always without one. Example::
+
+        @accel.hookimpl
+        def save(obj, path):
+            if my_runtime.rank() == 0:
+                torch.save(obj, path)
+            my_runtime.barrier()
+            return True
     """
     raise NotImplementedError

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 from accel.markers import hookimpl
 from accel.types import AcceleratorSpec, Availability
 
 if TYPE_CHECKING:
     import torch
+
+    from accel.memory import MemoryStats
 
 
 class CpuPlugin:
@@ -36,3 +40,30 @@ class CpuPlugin:
     @hookimpl
     def distributed_backend(self) -> str:
         return "gloo"
+
+    # The training step: the fallbacks step, seed and (not) synchronise as the CPU
+    # needs, so only what differs is here.
+
+    @hookimpl
+    def autocast(
+        self, accelerator: str, device: torch.device, dtype: torch.dtype | None
+    ) -> AbstractContextManager[Any]:
+        import torch
+
+        from accel.precision import checked_autocast_dtype, torch_autocast
+
+        chosen = checked_autocast_dtype(
+            accelerator, dtype, default=torch.bfloat16, supported=(torch.bfloat16, torch.float16)
+        )
+        return torch_autocast(accelerator, device, chosen)
+
+    @hookimpl
+    def memory_stats(self) -> MemoryStats:
+        from accel.memory import host_memory_stats
+
+        return host_memory_stats()
+
+    @hookimpl
+    def device_loader(self, loader: Iterable[Any]) -> Iterable[Any]:
+        # A DataLoader's batches are already on the CPU: hand them out untouched.
+        return loader

@@ -16,6 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Final
 
 from accel.markers import hookimpl
+from accel.plugins._gpu_training import CudaTrainingHooks, MpsTrainingHooks
 from accel.types import AcceleratorSpec, Availability
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ def _cuda_built() -> bool:
     return bool(torch.backends.cuda.is_built()) or bool(torch.version.hip)  # type: ignore[no-untyped-call]
 
 
-class CudaPlugin:
+class CudaPlugin(CudaTrainingHooks):
     """NVIDIA GPUs through CUDA, AMD GPUs through ROCm (both via ``torch.cuda``)."""
 
     @hookimpl
@@ -146,7 +147,7 @@ class CudaPlugin:
         return "nccl"  # RCCL answers to the same name on ROCm
 
 
-class MpsPlugin:
+class MpsPlugin(MpsTrainingHooks):
     """Apple-silicon GPUs through Metal Performance Shaders."""
 
     @hookimpl

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Final
 from accel import _xla_versions
 from accel.errors import WeightTyingError
 from accel.markers import hookimpl
+from accel.plugins._xla_training import XlaTrainingHooks
 from accel.tying import TyingSnapshot, empty_duplicate_slots, format_tie_failure
 from accel.types import AcceleratorSpec, Availability, MoveContext
 
@@ -106,7 +107,7 @@ def probe_xla() -> Availability:
     )
 
 
-class TpuPlugin:
+class TpuPlugin(XlaTrainingHooks):
     """Google TPUs (and any PJRT device) through torch_xla."""
 
     @hookimpl

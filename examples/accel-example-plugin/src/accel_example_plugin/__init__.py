@@ -3,21 +3,31 @@
 A plugin can be a module: accel loads it through the ``accel`` entry point in
 this package's pyproject.toml and collects every function marked
 ``@accel.hookimpl``. Only the hooks that differ from accel's fallbacks are here;
-moving models and batches uses the built-in ``module.to(device)`` and tree walk.
+moving models and batches uses the built-in ``module.to(device)`` and tree walk,
+stepping the optimizer ``optimizer.step()``, seeding ``torch.manual_seed`` (which
+seeds XPU devices too) and the device loader a move per batch.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+from typing import Any
+
 import torch
 
 import accel
+from accel.memory import MemoryStats
+from accel.precision import checked_autocast_dtype, torch_autocast
 
 __all__ = [
+    "autocast",
     "device_count",
     "distributed_backend",
     "get_device",
     "is_available",
+    "memory_stats",
     "register_accelerators",
+    "synchronize",
 ]
 
 
@@ -64,3 +74,36 @@ def get_device(index: int | None) -> torch.device:
 @accel.hookimpl
 def distributed_backend() -> str:
     return "xccl"  # Intel's collective library, in torch.distributed since 2.8
+
+
+# -- the training step ---------------------------------------------------------------
+
+
+@accel.hookimpl
+def synchronize(device: torch.device) -> None:
+    torch.xpu.synchronize(device)
+
+
+@accel.hookimpl
+def autocast(
+    accelerator: str, device: torch.device, dtype: torch.dtype | None
+) -> AbstractContextManager[Any]:
+    # Like CUDA: bfloat16 where the GPU has it (Arc, Data Center GPU Max), else float16.
+    bf16 = bool(torch.xpu.is_bf16_supported())
+    chosen = checked_autocast_dtype(
+        accelerator,
+        dtype,
+        default=torch.bfloat16 if bf16 else torch.float16,
+        supported=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
+        why="" if bf16 else " (this Intel GPU has no bfloat16)",
+    )
+    return torch_autocast(accelerator, device, chosen)
+
+
+@accel.hookimpl
+def memory_stats(device: torch.device) -> MemoryStats:
+    return MemoryStats(
+        allocated_bytes=int(torch.xpu.memory_allocated(device)),
+        peak_allocated_bytes=int(torch.xpu.max_memory_allocated(device)),
+        total_bytes=int(torch.xpu.get_device_properties(device).total_memory),
+    )

@@ -1,0 +1,100 @@
+"""What :meth:`accel.Accelerator.memory_stats` reports, the same keys on every accelerator.
+
+Lightning's ``get_device_stats`` returns whatever each runtime happens to name its
+counters; a dashboard then needs a branch per device. Here every accelerator answers
+the same three questions, and says ``None`` when its runtime cannot answer one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Final, TypedDict
+
+from accel.errors import PluginError
+
+__all__ = ["MEMORY_KEYS", "MemoryStats", "checked_memory_stats", "host_memory_stats", "unknown"]
+
+
+class MemoryStats(TypedDict):
+    """Memory of one device, in bytes; ``None`` where the runtime does not report it."""
+
+    #: Bytes in use now (CPU: the process's resident memory).
+    allocated_bytes: int | None
+    #: The most bytes in use at once since the process started, or since the
+    #: runtime's peak counter was last reset (CPU: the process's peak resident memory).
+    peak_allocated_bytes: int | None
+    #: Bytes the device has (CPU: the machine's RAM).
+    total_bytes: int | None
+
+
+MEMORY_KEYS: Final = ("allocated_bytes", "peak_allocated_bytes", "total_bytes")
+
+
+def unknown() -> MemoryStats:
+    """Stats of a runtime that reports nothing."""
+    return MemoryStats(allocated_bytes=None, peak_allocated_bytes=None, total_bytes=None)
+
+
+def host_memory_stats() -> MemoryStats:
+    """This process's resident memory (now and peak) and the machine's RAM."""
+    resident = _resident_bytes()
+    peak = _peak_resident_bytes()
+    if resident is not None and peak is not None:
+        peak = max(peak, resident)  # the kernel updates its high-water mark lazily
+    return MemoryStats(
+        allocated_bytes=resident, peak_allocated_bytes=peak, total_bytes=_physical_ram_bytes()
+    )
+
+
+def checked_memory_stats(result: object, accelerator: str, answerer: str) -> MemoryStats:
+    """``result`` as :class:`MemoryStats`, or a :class:`PluginError` naming ``answerer``."""
+    problem = None
+    if not isinstance(result, dict):
+        problem = f"returned {type(result).__name__} ({result!r}), not a dict"
+    elif set(result) != set(MEMORY_KEYS):
+        problem = f"returned keys {sorted(map(str, result))}, expected {list(MEMORY_KEYS)}"
+    else:
+        bad = {
+            key: value
+            for key, value in result.items()
+            if value is not None
+            and (isinstance(value, bool) or not isinstance(value, int) or value < 0)
+        }
+        if bad:
+            problem = f"returned {bad!r}; each value must be an int >= 0 or None"
+    if problem is not None:
+        raise PluginError(
+            f"hook 'memory_stats' for accelerator {accelerator!r} {problem}, from "
+            f"{answerer}. Report this to the plugin's authors."
+        )
+    return MemoryStats(
+        allocated_bytes=result["allocated_bytes"],  # type: ignore[index]
+        peak_allocated_bytes=result["peak_allocated_bytes"],  # type: ignore[index]
+        total_bytes=result["total_bytes"],  # type: ignore[index]
+    )
+
+
+def _resident_bytes() -> int | None:
+    try:  # Linux: the second field of statm is resident pages
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None  # macOS and Windows expose no cheap current-RSS counter to Python
+
+
+def _peak_resident_bytes() -> int | None:
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports kibibytes, macOS bytes.
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def _physical_ram_bytes() -> int | None:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None

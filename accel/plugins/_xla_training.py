@@ -1,0 +1,199 @@
+"""The training-step hooks of the ``tpu`` plugin, on torch_xla.
+
+XLA traces operations into a lazy graph and compiles each distinct graph once. A
+loop that never marks a step boundary traces one ever-growing graph, compiled anew
+every step (30 steps: 30 compilations, minutes instead of seconds); these hooks put
+the boundary after every optimizer step and every loaded batch, as torch_xla's
+own ``xm.optimizer_step`` and ``MpDeviceLoader`` do.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator, Iterable, Iterator
+from contextlib import AbstractContextManager
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from accel.markers import hookimpl
+
+if TYPE_CHECKING:
+    import torch
+
+    from accel.memory import MemoryStats
+
+__all__ = ["XlaTrainingHooks"]
+
+
+class XlaTrainingHooks:
+    """Gradient reduction, step marking, RNG, precision, memory, loading, saving."""
+
+    @hookimpl(wrapper=True)
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> Generator[None, Any, Any]:
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+
+        xm.reduce_gradients(optimizer)  # all-reduce, only when several replicas train
+        result = yield  # the step itself (the fallback, or another plugin's)
+        torch_xla.sync()
+        return result
+
+    @hookimpl
+    def mark_step(self) -> None:
+        import torch_xla
+
+        torch_xla.sync()
+
+    @hookimpl
+    def synchronize(self) -> None:
+        import torch_xla.core.xla_model as xm
+
+        xm.wait_device_ops()
+
+    @hookimpl
+    def manual_seed(self, seed: int, device: torch.device) -> None:
+        import torch_xla.core.xla_model as xm
+
+        # XLA's generator is separate from torch's; torch_xla takes seeds < 2**64.
+        xm.set_rng_state(seed % 2**64, device=str(device))
+
+    @hookimpl
+    def autocast(
+        self, accelerator: str, device: torch.device, dtype: torch.dtype | None
+    ) -> AbstractContextManager[Any]:
+        import torch
+
+        from accel.precision import checked_autocast_dtype, torch_autocast
+
+        chosen = checked_autocast_dtype(
+            accelerator, dtype, default=torch.bfloat16, supported=(torch.bfloat16, torch.float16)
+        )
+        return torch_autocast(accelerator, device, chosen)
+
+    @hookimpl
+    def memory_stats(self, device: torch.device) -> MemoryStats:
+        import torch_xla.core.xla_model as xm
+
+        from accel.memory import MemoryStats, unknown
+
+        try:
+            info = xm.get_memory_info(device)
+        except RuntimeError as exc:
+            if "UNIMPLEMENTED" in str(exc) or "not supported" in str(exc):
+                return unknown()  # XLA:CPU keeps no allocator statistics
+            raise
+        return MemoryStats(
+            allocated_bytes=_int_or_none(info.get("bytes_used")),
+            peak_allocated_bytes=_int_or_none(info.get("peak_bytes_used")),
+            total_bytes=_int_or_none(info.get("bytes_limit")),
+        )
+
+    @hookimpl
+    def device_loader(self, loader: Iterable[Any], device: torch.device) -> Iterable[Any]:
+        return XlaLoader(loader, device)
+
+    @hookimpl
+    def state_dict(self) -> None:
+        import torch_xla
+
+        # Run what is pending first: each tensor then crosses to the CPU as data, not
+        # as a graph of its own (one compilation per parameter otherwise).
+        torch_xla.sync()
+        return None  # the fallback copies each distinct tensor once
+
+    @hookimpl
+    def save(self, obj: Any, path: Any) -> bool:
+        import torch
+        import torch_xla.core.xla_model as xm
+        import torch_xla.runtime as xr
+
+        if xm.is_master_ordinal(local=False):
+            torch.save(obj, path)
+        if xr.world_size() > 1:
+            xm.rendezvous("accel.save")  # nobody reads the file before it is written
+        return True
+
+
+class XlaLoader:
+    """torch_xla's ``MpDeviceLoader`` over ``loader``, re-raising the loader's errors.
+
+    ``MpDeviceLoader`` reads the loader in a background thread; an exception there
+    ends that thread and the iteration simply stops, as if the epoch were over.
+    Here the exception is caught in the thread and raised in the training loop.
+    """
+
+    __slots__ = ("_device", "_loader")
+
+    def __init__(self, loader: Iterable[Any], device: torch.device) -> None:
+        self._loader = loader
+        self._device = device
+
+    def __iter__(self) -> Iterator[Any]:
+        import torch_xla.distributed.parallel_loader as pl
+
+        from accel.checkpoint import map_tensors
+
+        source = _Capturing(self._loader)
+        for tensors in pl.MpDeviceLoader(source, self._device):
+            # torch_xla hands back tuples as lists and drops dataclasses; rebuild the
+            # batch as the loader made it around the moved tensors.
+            skeleton = source.skeletons.popleft()
+            yield map_tensors(skeleton, partial(_fill, tensors), leaf_type=_Slot)
+        if source.error is not None:
+            if hasattr(source.error, "add_note"):  # Python 3.11+
+                source.error.add_note(
+                    f"accel: raised by the loader after {source.count} batches, in "
+                    f"torch_xla's loader thread; the batches before it were used."
+                )
+            raise source.error
+
+
+class _Slot:
+    """Where the ``index``-th tensor of a batch goes back in."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+class _Capturing:
+    """Iterates ``loader`` (in torch_xla's loader thread), keeping the exception that
+    ends it, and handing over each batch's tensors as a flat list; the batch's shape
+    waits in ``skeletons``, in order, for the training loop to rebuild it."""
+
+    __slots__ = ("_loader", "count", "error", "skeletons")
+
+    def __init__(self, loader: Iterable[Any]) -> None:
+        self._loader = loader
+        self.error: Exception | None = None
+        self.count = 0
+        self.skeletons: deque[Any] = deque()  # appended here, popped there: thread-safe
+
+    def __len__(self) -> int:
+        return len(self._loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        from accel.checkpoint import map_tensors
+
+        try:
+            for batch in self._loader:
+                tensors: list[torch.Tensor] = []
+
+                def take(tensor: torch.Tensor, tensors: list[torch.Tensor] = tensors) -> _Slot:
+                    tensors.append(tensor)
+                    return _Slot(len(tensors) - 1)
+
+                self.skeletons.append(map_tensors(batch, take))
+                self.count += 1
+                yield tensors
+        except Exception as exc:
+            self.error = exc
+
+
+def _fill(tensors: list[torch.Tensor], slot: _Slot) -> torch.Tensor:
+    return tensors[slot.index]
+
+
+def _int_or_none(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]

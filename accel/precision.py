@@ -1,0 +1,81 @@
+"""Mixed precision: which low-precision types each accelerator can autocast to.
+
+``torch.autocast`` handed a type the device cannot use only *warns* and runs the
+block in full precision, so a mistake shows up as a slow run, not an error. accel
+checks first and refuses with a message that says what the device supports.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["checked_autocast_dtype", "torch_autocast"]
+
+
+def checked_autocast_dtype(
+    accelerator: str,
+    dtype: torch.dtype | None,
+    *,
+    default: torch.dtype,
+    supported: Iterable[torch.dtype],
+    why: str = "",
+) -> torch.dtype:
+    """``dtype``, or ``default`` when it is ``None``; a clear error if unsupported.
+
+    :param why: said after the list of supported types, e.g. why bfloat16 is missing.
+    :raises TypeError: ``dtype`` is not a :class:`torch.dtype`.
+    :raises ValueError: the accelerator cannot autocast to ``dtype``.
+    """
+    import torch
+
+    chosen = default if dtype is None else dtype
+    if not isinstance(chosen, torch.dtype):
+        raise TypeError(
+            f"autocast(dtype=...) expects a torch.dtype such as torch.bfloat16, got "
+            f"{type(chosen).__name__} ({chosen!r})"
+        )
+    allowed = tuple(supported)
+    if chosen not in allowed:
+        names = ", ".join(str(item) for item in allowed) or "none"
+        raise ValueError(
+            f"accelerator {accelerator!r} cannot autocast to {chosen}; it supports: "
+            f"{names}{why}. Pass one of those as dtype=, or leave dtype out for "
+            f"{default}."
+        )
+    return chosen
+
+
+def torch_autocast(
+    accelerator: str, device: torch.device, dtype: torch.dtype
+) -> AbstractContextManager[Any]:
+    """``torch.autocast`` for ``device``'s type with ``dtype``.
+
+    :raises ValueError: torch refused ``dtype`` for this device type, where it would
+        otherwise only warn and run the block in full precision.
+    """
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            context = torch.autocast(device_type=device.type, dtype=dtype)
+        except RuntimeError as exc:  # e.g. bfloat16 on a GPU without it
+            raise ValueError(
+                f"accelerator {accelerator!r} cannot autocast to {dtype}: {exc}"
+            ) from None
+    if not getattr(context, "_enabled", True):
+        said = "; ".join(str(warning.message) for warning in caught) or "autocast disabled"
+        raise ValueError(
+            f"accelerator {accelerator!r} cannot autocast to {dtype} on device type "
+            f"{device.type!r} (torch: {said}). Pass another dtype=, or leave it out for "
+            f"the accelerator's default."
+        )
+    for warning in caught:  # anything else torch said still reaches the user
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return context

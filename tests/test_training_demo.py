@@ -1,0 +1,48 @@
+"""The demo trains with device_loader and optimizer_step and reports its step time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import accel
+from accel.demo import run_demo
+
+
+def test_the_demo_trains_and_times_every_step() -> None:
+    lines: list[str] = []
+    report = run_demo(
+        "cpu", steps=7, registry=accel.AcceleratorRegistry(entry_points=None), echo=lines.append
+    )
+    assert len(report.losses) == len(report.step_seconds) == 7  # past one pass over the data
+    assert report.losses[-1] < report.losses[0] / 2
+    assert all(seconds > 0 for seconds in report.step_seconds)
+    timing = next(line for line in lines if line.startswith("time per step: "))
+    assert timing.split()[4] == "ms"
+    assert lines[-1] == "ties still held after training: yes"
+
+
+def _demo_on_tpu(steps: int) -> list[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "accel", "demo", "--accelerator", "tpu", "--steps", str(steps)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+@pytest.mark.xla
+def test_the_tpu_demo_compiles_the_same_graphs_whatever_the_steps() -> None:
+    def graphs(lines: list[str]) -> int:
+        line = next(line for line in lines if line.startswith("XLA graphs compiled: "))
+        return int(line.split()[3])
+
+    short, long = _demo_on_tpu(3), _demo_on_tpu(25)
+    assert graphs(short) == graphs(long) <= 3
+    assert any(line.startswith("time per step: ") for line in long)
+    assert "step  25  loss" in "\n".join(long)
