@@ -69,8 +69,9 @@ class Accelerator:
         """What a move does when tied weights came apart.
 
         ``"error"`` (default) raises :class:`accel.WeightTyingError` and restores the
-        model, ``"warn"`` warns and keeps the moved model, ``"off"`` re-ties without
-        checking. Only accelerators whose moves can untie weights (TPU) check at all.
+        model; ``"warn"`` warns and keeps the moved model with the ties and values it
+        had before the move; ``"off"`` does the same silently. Only moves that can untie
+        weights (to or from XLA, to ``meta``, torch's overwrite mode) check at all.
         """
         return self._tie_check
 

@@ -102,8 +102,9 @@ class AcceleratorRegistry:
             or ``"auto"``. ``None`` means ``$ACCEL_ACCELERATOR``, else ``"auto"``.
             ``"auto"`` picks the available accelerator with the highest priority
             (ties broken by canonical name) that allows being picked automatically.
-        :param tie_check: what a move does when tied weights came apart:
-            ``"error"`` (raise :class:`WeightTyingError`), ``"warn"`` or ``"off"``.
+        :param tie_check: what a move does when the model's ties changed during it:
+            ``"error"`` (raise :class:`WeightTyingError`, model restored), ``"warn"``
+            or ``"off"`` (keep the ties the model had before the move).
         :raises AcceleratorNotFoundError: no accelerator has that name.
         :raises AcceleratorUnavailableError: it exists but cannot be used here, or
             the device index is beyond its device count.

@@ -19,7 +19,7 @@ __all__ = [
     "TieCheck",
 ]
 
-#: What the TPU plugin does when ties did not survive a move.
+#: What a move that can untie weights does when the model's ties changed during it.
 TieCheck = Literal["error", "warn", "off"]
 TIE_CHECK_MODES: tuple[TieCheck, ...] = ("error", "warn", "off")
 
