@@ -120,11 +120,20 @@ class Accelerator:
         model is restored exactly as it was (same objects, devices, values, ties and
         gradients) and the exception is re-raised with a note saying so.
 
+        A torch_xla ``MpModelWrapper`` (used when processes are forked) is accepted
+        too: its wrapped model moves under the wrapper's lock, as the wrapper's own
+        ``to()`` would move it, and that model is returned.
+
         :param optimizer: optimizer(s) built on the model's parameters; their
             parameter groups and state are remapped to the moved parameters.
         """
         from torch import nn
 
+        wrapped = _mp_model_wrapper_parts(model)
+        if wrapped is not None:
+            module, lock = wrapped
+            with lock:  # forked processes share the wrapped model's pages: one at a time
+                return self.model_to_device(module, optimizer=optimizer)  # type: ignore[return-value]
         if not isinstance(model, nn.Module):
             raise TypeError(
                 f"model_to_device expects a torch.nn.Module, got {type(model).__name__}; "
@@ -330,6 +339,25 @@ class Accelerator:
             )
         self.mark_step()  # XLA: run what is pending, so tensors cross as data
         self._hooks.call("save", obj=to_cpu(obj), path=path)
+
+
+def _mp_model_wrapper_parts(obj: object) -> tuple[nn.Module, Any] | None:
+    """The model and lock inside torch_xla's ``MpModelWrapper``, else ``None``.
+
+    Recognised by its class, without importing torch_xla; the attributes are the ones
+    its own ``to()`` uses (stable across torch_xla releases).
+    """
+    cls = type(obj)
+    if cls.__name__ != "MpModelWrapper" or not cls.__module__.startswith("torch_xla"):
+        return None
+    module, lock = getattr(obj, "_model", None), getattr(obj, "_lock", None)
+    if module is None or lock is None:
+        raise TypeError(
+            f"model_to_device got a torch_xla MpModelWrapper without the _model/_lock "
+            f"attributes accel knows ({cls.__module__}); move its model yourself with "
+            f"model_to_device(wrapper._model) or pass the model unwrapped"
+        )
+    return module, lock
 
 
 def _as_optimizer_list(
