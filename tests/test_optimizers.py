@@ -59,9 +59,12 @@ def cpu_tpu(overwrite_mode: None) -> accel.Accelerator:
     return registry.get_accelerator("tpu")
 
 
-@pytest.fixture(params=["meta", "cpu"])
+@pytest.fixture(params=["meta", "cpu", pytest.param("xla", marks=pytest.mark.xla)])
 def tpu_like(request: pytest.FixtureRequest) -> accel.Accelerator:
-    """The TPU hooks moving to `meta`, or to the CPU in overwrite mode."""
+    """The TPU hooks moving to `meta`, or to the CPU in overwrite mode (main tier), or
+    the real TPU plugin on XLA:CPU (XLA tier)."""
+    if request.param == "xla":
+        return accel.get_accelerator("tpu")
     name = "meta_tpu" if request.param == "meta" else "cpu_tpu"
     acc: accel.Accelerator = request.getfixturevalue(name)
     return acc
@@ -339,7 +342,7 @@ def test_no_stale_parameter_is_referenced_after_the_move(
     gc.collect()
 
     assert all(ref() is None for ref in old), "a pre-move Parameter is still referenced"
-    if tpu_like.device.type == "meta":
+    if tpu_like.device.type in ("meta", "xla"):
         # State tensors were copied to the device; the CPU originals are gone too.
         assert all(ref() is None for ref in old_grads_or_state)
     assert all(p.device == tpu_like.device for p in optimizer.param_groups[0]["params"])
