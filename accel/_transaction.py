@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from accel._walk import each_module
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -38,19 +40,10 @@ class SlotContents:
     __slots__ = ("_saved",)
 
     def __init__(self, model: nn.Module) -> None:
-        saved: list[_Slots] = []
-        visited: set[int] = set()
-        stack = [model]
-        while stack:
-            module = stack.pop()
-            if id(module) in visited:
-                continue
-            visited.add(id(module))
-            saved.append(
-                (module, dict(module._parameters), dict(module._buffers), dict(module._modules))
-            )
-            stack.extend(child for child in module._modules.values() if child is not None)
-        self._saved = saved
+        self._saved: list[_Slots] = [
+            (module, dict(module._parameters), dict(module._buffers), dict(module._modules))
+            for module in each_module(model)
+        ]
 
     def modules(self) -> list[_Slots]:
         """``(module, parameters, buffers, submodules)`` of each module, as captured."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from accel._transaction import SlotContents
+from accel._walk import each_module
 
 if TYPE_CHECKING:
     import torch
@@ -192,19 +193,14 @@ def empty_duplicate_slots(groups: list[TiedGroup]) -> None:
 
 def count_unique_parameters(model: nn.Module) -> int:
     """The number of distinct Parameter objects in ``model`` (its "layer count")."""
-    seen: set[int] = set()
-    visited: set[int] = set()
-    stack = [model]
-    while stack:
-        module = stack.pop()
-        if id(module) in visited:
-            continue
-        visited.add(id(module))
-        for parameter in module._parameters.values():
-            if parameter is not None:
-                seen.add(id(parameter))
-        stack.extend(child for child in module._modules.values() if child is not None)
-    return len(seen)
+    return len(
+        {
+            id(parameter)
+            for module in each_module(model)
+            for parameter in module._parameters.values()
+            if parameter is not None
+        }
+    )
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import warnings
 from typing import TYPE_CHECKING, Final
 
 from accel import _xla_versions
+from accel._walk import each_module
 from accel.errors import WeightTyingError
 from accel.markers import hookimpl
 from accel.plugins._xla_training import XlaTrainingHooks
@@ -194,19 +195,12 @@ def move_can_untie(model: nn.Module, device: torch.device) -> bool:
 
 
 def _holds_a_tensor_on(model: nn.Module, device_types: frozenset[str]) -> bool:
-    visited: set[int] = set()
-    stack = [model]
-    while stack:
-        module = stack.pop()
-        if id(module) in visited:
-            continue
-        visited.add(id(module))
-        for slots in (module._parameters, module._buffers):
-            for tensor in slots.values():
-                if tensor is not None and tensor.device.type in device_types:
-                    return True
-        stack.extend(child for child in module._modules.values() if child is not None)
-    return False
+    return any(
+        tensor is not None and tensor.device.type in device_types
+        for module in each_module(model)
+        for slots in (module._parameters, module._buffers)
+        for tensor in slots.values()
+    )
 
 
 def _begin_guarded_move(model: nn.Module, context: MoveContext) -> None:
