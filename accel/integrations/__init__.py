@@ -1,0 +1,11 @@
+"""accel inside the training libraries people already use.
+
+* :mod:`accel.integrations.lightning`: a Lightning accelerator backed by any accel
+  accelerator, and strategies for the Trainer and for Fabric that move models with
+  accel (``pip install 'lightning>=2.5'``).
+* :mod:`accel.integrations.accelerate`: Hugging Face Accelerate's ``prepare`` with
+  ties kept on TPU (``pip install 'accelerate>=1.0'``).
+
+Nothing here is imported by ``import accel``; each module imports its library when
+it is itself imported. See ``docs/integrations.md``.
+"""

@@ -1,0 +1,246 @@
+"""The Lightning accelerator backed by an accel accelerator.
+
+Lightning asks an accelerator *class* whether it is available, how to parse
+``devices=`` and which devices that means (``type(accelerator).parse_devices(...)``),
+so every :class:`AccelAccelerator` instance gets a subclass of its own that knows its
+accel handle. Everything it answers comes from the accel plugin; nothing here knows
+any particular device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from lightning.pytorch.accelerators import Accelerator as LightningAccelerator
+from typing_extensions import override
+
+import accel
+
+__all__ = ["AccelAccelerator", "as_lightning_accelerator"]
+
+
+class AccelAccelerator(LightningAccelerator):
+    """A Lightning accelerator for any accel accelerator, built-in or third-party.
+
+    Works with the Trainer and with Fabric (it is both kinds of Lightning
+    accelerator). Availability, device counts, ``devices=`` parsing and device
+    stats (:meth:`accel.Accelerator.memory_stats`) all come from the accel plugin,
+    so a vendor's accel plugin reaches Lightning users with no Lightning code of
+    the vendor's own.
+
+    :param accelerator: an accel accelerator name (``"npu"``, ``"tpu"``,
+        ``"cuda:1"``), a handle from :func:`accel.get_accelerator`, or ``None`` for
+        ``$ACCEL_ACCELERATOR`` / ``"auto"``.
+    :param registry: the registry to select ``accelerator`` from (default: accel's
+        default registry); only with a name.
+    :raises accel.AcceleratorNotFoundError: no such accelerator.
+    :raises accel.AcceleratorUnavailableError: it cannot be used here.
+
+    Pair it with :class:`~accel.integrations.lightning.AccelStrategy` (Trainer) or
+    :class:`~accel.integrations.lightning.AccelFabricStrategy` (Fabric): on its own,
+    Lightning places single-device runs of accelerators it does not know on the CPU.
+    """
+
+    _accel: ClassVar[accel.Accelerator | None] = None
+
+    def __new__(
+        cls,
+        accelerator: str | accel.Accelerator | None = None,
+        *,
+        registry: accel.AcceleratorRegistry | None = None,
+    ) -> AccelAccelerator:
+        handle = _select(accelerator, registry)
+        bound = type(
+            f"{cls.__name__}[{handle.name}]",
+            (cls,),
+            {"_accel": handle, "__module__": cls.__module__},
+        )
+        instance: AccelAccelerator = super().__new__(bound)
+        return instance
+
+    def __init__(
+        self,
+        accelerator: str | accel.Accelerator | None = None,
+        *,
+        registry: accel.AcceleratorRegistry | None = None,
+    ) -> None:
+        # Everything was decided in __new__: the handle lives on this instance's class,
+        # where Lightning's class-level questions can reach it.
+        super().__init__()
+
+    def __repr__(self) -> str:
+        handle = self.handle()
+        return f"AccelAccelerator(name={handle.name!r}, device={str(handle.device)!r})"
+
+    @classmethod
+    def handle(cls) -> accel.Accelerator:
+        """The accel accelerator behind this Lightning accelerator."""
+        if cls._accel is None:
+            raise TypeError(
+                "AccelAccelerator's class methods need an instance's class: use "
+                "type(AccelAccelerator('NAME')), not AccelAccelerator itself"
+            )
+        return cls._accel
+
+    def handle_for(self, device: torch.device) -> accel.Accelerator:
+        """The accel accelerator for ``device``, one of :meth:`get_parallel_devices`."""
+        handle = self.handle()
+        if device == handle.device:
+            return handle
+        self._check_device(device)
+        return handle.for_index(device.index or 0)
+
+    # -- what Lightning asks the class ---------------------------------------------
+
+    @classmethod
+    @override
+    def is_available(cls) -> bool:
+        return cls.handle().is_available()
+
+    @classmethod
+    @override
+    def auto_device_count(cls) -> int:
+        return len(cls._usable_indices())
+
+    @classmethod
+    @override
+    def parse_devices(cls, devices: Any) -> list[int]:
+        """Turn ``devices=`` into device indices of this accelerator.
+
+        Accepts what Lightning accepts: a count (``2``, ``"2"``; ``-1`` or ``"-1"``
+        for all), or indices (``[0, 2]``, ``"0,2"``).
+
+        :raises ValueError: not one of those, or more devices than the plugin has.
+        """
+        handle = cls.handle()
+        usable = cls._usable_indices()
+        if isinstance(devices, str):
+            devices = _parse_devices_text(devices, handle.name)
+        if isinstance(devices, bool) or not isinstance(devices, (int, Sequence)):
+            raise _devices_error(devices, handle.name, "is not a device count or a list of indices")
+        if isinstance(devices, int):
+            if devices == -1:
+                return usable
+            if devices < 1 or devices > len(usable):
+                raise _devices_error(
+                    devices, handle.name, f"but {handle.name!r} has {len(usable)} usable device(s)"
+                )
+            return usable[:devices]
+        indices = list(devices)
+        if not indices or any(isinstance(i, bool) or not isinstance(i, int) for i in indices):
+            raise _devices_error(devices, handle.name, "is not a non-empty list of device indices")
+        unknown = [i for i in indices if i not in usable]
+        if unknown or len(set(indices)) != len(indices):
+            raise _devices_error(
+                devices, handle.name, f"but the usable device indices are {usable} (no repeats)"
+            )
+        return indices
+
+    @classmethod
+    @override
+    def get_parallel_devices(cls, devices: Any) -> list[torch.device]:
+        handle = cls.handle()
+        return [handle.for_index(index).device for index in cls.parse_devices(devices)]
+
+    @classmethod
+    @override
+    def name(cls) -> str:
+        return cls.handle().name
+
+    @classmethod
+    def _usable_indices(cls) -> list[int]:
+        handle = cls.handle()
+        if handle.index is not None:
+            return [handle.index]  # selected as "NAME:INDEX": that device only
+        return list(range(handle.device_count()))
+
+    # -- what Lightning asks the instance ------------------------------------------
+
+    @override
+    def setup_device(self, device: torch.device) -> None:
+        """Check that Lightning chose a device of this accelerator.
+
+        :raises ValueError: it did not (Lightning puts single-device runs of
+            accelerators it does not know on the CPU unless the strategy says otherwise).
+        """
+        self._check_device(device)
+
+    @override
+    def teardown(self) -> None:
+        """Nothing to release: accel keeps no per-run state on the accelerator."""
+
+    @override
+    def get_device_stats(self, device: Any) -> dict[str, Any]:
+        """Memory statistics of ``device`` from the plugin's ``memory_stats``.
+
+        Keys are accel's (``allocated_bytes``, ``peak_allocated_bytes``,
+        ``total_bytes``); statistics the accelerator cannot measure are left out
+        rather than logged as ``None``.
+        """
+        if isinstance(device, int):
+            device = torch.device(self.handle().device.type, device)
+        stats = self.handle_for(torch.device(device)).memory_stats()
+        return {key: value for key, value in stats.items() if value is not None}
+
+    def _check_device(self, device: torch.device) -> None:
+        handle = self.handle()
+        if device.type != handle.device.type:
+            raise ValueError(
+                f"Lightning asked accelerator {handle.name!r} to run on {device}, but its "
+                f"devices are of type {handle.device.type!r}. Pass "
+                f"strategy=AccelStrategy({handle.name!r}) to the Trainer (or "
+                f"AccelFabricStrategy({handle.name!r}) to Fabric) so that Lightning uses "
+                f"{handle.name!r}'s own devices."
+            )
+
+
+def as_lightning_accelerator(
+    accelerator: AccelAccelerator | str | accel.Accelerator | None,
+    registry: accel.AcceleratorRegistry | None,
+) -> AccelAccelerator | None:
+    """What a strategy's ``accelerator=`` argument means: an :class:`AccelAccelerator`
+    as given, a name or handle wrapped in one, ``None`` left to Lightning."""
+    if accelerator is None or isinstance(accelerator, AccelAccelerator):
+        if registry is not None:
+            raise TypeError("registry= selects an accelerator by name; pass a name with it")
+        return accelerator
+    return AccelAccelerator(accelerator, registry=registry)
+
+
+def _select(
+    accelerator: str | accel.Accelerator | None, registry: accel.AcceleratorRegistry | None
+) -> accel.Accelerator:
+    if isinstance(accelerator, accel.Accelerator):
+        if registry is not None:
+            raise TypeError(
+                "registry= selects an accelerator by name; an accel.Accelerator handle "
+                "already belongs to its registry: pass one or the other"
+            )
+        return accelerator
+    if accelerator is not None and not isinstance(accelerator, str):
+        raise TypeError(
+            "AccelAccelerator expects an accel accelerator name, an accel.Accelerator "
+            f"or None, got {type(accelerator).__name__}"
+        )
+    if registry is None:
+        return accel.get_accelerator(accelerator)
+    return registry.get_accelerator(accelerator)
+
+
+def _parse_devices_text(text: str, name: str) -> Any:
+    stripped = text.strip()
+    if stripped.lstrip("-").isdigit():
+        return int(stripped)
+    parts = [part.strip() for part in stripped.split(",") if part.strip()]
+    if "," in stripped and parts and all(part.isdigit() for part in parts):
+        return [int(part) for part in parts]
+    raise _devices_error(text, name, "is not a device count or a comma-separated list of indices")
+
+
+def _devices_error(devices: object, name: str, problem: str) -> ValueError:
+    return ValueError(
+        f"devices={devices!r} for accelerator {name!r} {problem}. Pass a count "
+        f"(devices=1), -1 for all, or device indices (devices=[0])."
+    )
