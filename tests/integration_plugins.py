@@ -1,0 +1,66 @@
+"""A vendor's accel plugin as it would ship: accel hooks only, not a line of Lightning.
+
+The integration tests drive Lightning with it to show that a third-party accel
+plugin reaches Lightning users through accel.integrations.lightning alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+import accel
+
+
+class VendorPlugin:
+    """Accelerator ``vendornpu``: two devices (backed by host memory), moves and step
+    boundaries recorded, memory statistics of its own."""
+
+    NAME = "vendornpu"
+    MEMORY: ClassVar[dict[str, int | None]] = {
+        "allocated_bytes": 1024,
+        "peak_allocated_bytes": 4096,
+        "total_bytes": None,  # this runtime cannot say
+    }
+
+    def __init__(self, *, count: int = 2) -> None:
+        self.count = count
+        self.calls: list[str] = []
+
+    @accel.hookimpl
+    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+        return [accel.AcceleratorSpec(self.NAME, aliases=("vnpu",), priority=10)]
+
+    @accel.hookimpl
+    def is_available(self) -> accel.Availability:
+        return accel.Availability(True, auto=False)
+
+    @accel.hookimpl
+    def device_count(self) -> int:
+        return self.count
+
+    @accel.hookimpl
+    def get_device(self, index: int | None) -> torch.device:
+        return torch.device("cpu")
+
+    @accel.hookimpl
+    def pre_move_hook(self) -> None:
+        self.calls.append("pre_move_hook")
+
+    @accel.hookimpl
+    def post_move_hook(self) -> None:
+        self.calls.append("post_move_hook")
+
+    @accel.hookimpl
+    def batch_to_device(self, batch: Any) -> Any:
+        self.calls.append("batch_to_device")
+        return None  # the built-in mover does the moving
+
+    @accel.hookimpl
+    def mark_step(self) -> None:
+        self.calls.append("mark_step")
+
+    @accel.hookimpl
+    def memory_stats(self) -> dict[str, int | None]:
+        return dict(self.MEMORY)
