@@ -24,7 +24,10 @@ def make_data(seed: int = 0) -> TensorDataset:
     return TensorDataset(inputs, targets)
 
 
-def train(acc: accel.Accelerator, steps: int, *, seed: int = 0) -> list[float]:
+# --8<-- [start:train]
+def train(
+    acc: accel.Accelerator, steps: int, *, seed: int = 0, checkpoint: str | None = None
+) -> list[float]:
     """Train a small MLP for ``steps`` steps on ``acc``; return the losses."""
     acc.manual_seed(seed)
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
@@ -42,16 +45,22 @@ def train(acc: accel.Accelerator, steps: int, *, seed: int = 0) -> list[float]:
             losses.append(loss.item())
             if len(losses) == steps:
                 break
+    if checkpoint is not None:  # tensors on the CPU; only the main process writes
+        acc.save({"model": acc.state_dict(model), "optimizer": optimizer.state_dict()}, checkpoint)
     return losses
+
+
+# --8<-- [end:train]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--checkpoint", default=None, help="save the model here")
     args = parser.parse_args()
     acc = accel.get_accelerator(args.accelerator)  # on XLA: before any backward()
-    losses = train(acc, args.steps)
+    losses = train(acc, args.steps, checkpoint=args.checkpoint)
     print(f"{acc.name} ({acc.device}): loss {losses[0]:.4f} -> {losses[-1]:.4f}")
     print(f"memory: {acc.memory_stats()}")
 
