@@ -35,19 +35,19 @@ def train(
     model = acc.model_to_device(model, optimizer=optimizer)
     # drop_last: every batch has the same shape, so XLA compiles the step once.
     loader = DataLoader(make_data(seed), batch_size=32, shuffle=False, drop_last=True)
-    losses: list[float] = []
+    losses: list[torch.Tensor] = []
     while len(losses) < steps:  # as many epochs as the steps need
         for inputs, targets in acc.device_loader(loader):
             loss = nn.functional.mse_loss(model(inputs), targets)
             loss.backward()
-            acc.optimizer_step(optimizer)  # XLA: step, then cut the graph here
+            acc.optimizer_step(optimizer)  # XLA: the step ends here (at the next batch)
             optimizer.zero_grad()
-            losses.append(loss.item())
+            losses.append(loss.detach())  # no .item() here: on XLA it would run early
             if len(losses) == steps:
                 break
     if checkpoint is not None:  # tensors on the CPU; only the main process writes
         acc.save({"model": acc.state_dict(model), "optimizer": optimizer.state_dict()}, checkpoint)
-    return losses
+    return [float(loss) for loss in losses]
 
 
 # --8<-- [end:train]

@@ -19,9 +19,9 @@ def test_the_demo_trains_and_times_every_step() -> None:
     report = run_demo(
         "cpu", steps=7, registry=accel.AcceleratorRegistry(entry_points=None), echo=lines.append
     )
-    assert len(report.losses) == len(report.step_seconds) == 7  # past one pass over the data
+    assert len(report.losses) == 7  # past one pass over the data
     assert report.losses[-1] < report.losses[0] / 2
-    assert all(seconds > 0 for seconds in report.step_seconds)
+    assert 0 < report.seconds_per_step < 10
     timing = next(line for line in lines if line.startswith("time per step: "))
     assert timing.split()[4] == "ms"
     assert lines[-1] == "ties still held after training: yes"
