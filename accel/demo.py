@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DemoReport", "build_tied_language_model", "run_demo"]
 
+_UNTIMED_STEPS = 2
+
 
 def build_tied_language_model(vocab_size: int = 64, width: int = 32) -> nn.Module:
     """A small next-token model whose output projection is tied to its embedding."""
@@ -59,8 +61,8 @@ class DemoReport:
     tied_groups: list[tuple[str, ...]]
     ties_held: bool
     losses: list[float] = field(default_factory=list)
-    #: Wall time of each training step, in seconds (the first ones include compiling).
-    step_seconds: list[float] = field(default_factory=list)
+    #: Mean wall time of a training step after the first two (which compile on XLA).
+    seconds_per_step: float = 0.0
 
 
 def run_demo(
@@ -96,25 +98,31 @@ def run_demo(
 
     loader = _demo_loader()
     loss_fn = nn.CrossEntropyLoss()
-    losses: list[float] = []
-    step_seconds: list[float] = []
-    while len(losses) < steps:  # as many passes over the data as the steps need
-        started = time.perf_counter()
+    pending: list[torch.Tensor] = []
+    started = time.perf_counter()
+    while len(pending) < steps:  # as many passes over the data as the steps need
         for batch in chosen.device_loader(loader):
+            if len(pending) == _UNTIMED_STEPS:  # the first steps compile on XLA
+                started = time.perf_counter()
             logits = model(batch["inputs"])
             loss = loss_fn(logits.reshape(-1, logits.shape[-1]), batch["targets"].reshape(-1))
             _backward(loss, chosen.name)
-            chosen.optimizer_step(optimizer)  # on XLA: also ends the step's graph
+            chosen.optimizer_step(optimizer)  # on XLA: the step's graph ends here
             optimizer.zero_grad()
-            losses.append(float(loss.item()))
-            step_seconds.append(time.perf_counter() - started)
-            step = len(losses)
-            if step == 1 or step == steps or step % 5 == 0:
-                echo(f"step {step:3d}  loss {losses[-1]:.4f}")
-            if step == steps:
+            pending.append(loss.detach())  # read after the loop: .item() here runs early on XLA
+            if len(pending) == steps:
                 break
-            started = time.perf_counter()
-    echo(_describe_step_times(step_seconds))
+    chosen.synchronize()
+    timed_steps = steps - _UNTIMED_STEPS if steps > _UNTIMED_STEPS else steps
+    seconds_per_step = (time.perf_counter() - started) / timed_steps
+    losses = [float(loss) for loss in pending]
+    for step, value in enumerate(losses, start=1):
+        if step == 1 or step == steps or step % 5 == 0:
+            echo(f"step {step:3d}  loss {value:.4f}")
+    echo(
+        f"time per step: {seconds_per_step * 1e3:.2f} ms"
+        + (f" (after the first {_UNTIMED_STEPS}, where XLA compiles)" if steps > 2 else "")
+    )
     if chosen.device.type == "xla":
         echo(f"XLA graphs compiled: {_xla_graphs_compiled()} (the same for any --steps)")
     still_tied = all(group.is_tied() for group in groups)
@@ -127,7 +135,7 @@ def run_demo(
         tied_groups=[group.names for group in groups],
         ties_held=ties_held and still_tied and count_before == count_after,
         losses=losses,
-        step_seconds=step_seconds,
+        seconds_per_step=seconds_per_step,
     )
 
 
@@ -163,16 +171,3 @@ def _xla_graphs_compiled() -> int:
 
     data = metrics.metric_data("CompileTime")
     return int(data[0]) if data else 0
-
-
-def _describe_step_times(step_seconds: list[float]) -> str:
-    """Median step time, apart from the first steps, which compile on XLA."""
-    if not step_seconds:
-        return "time per step: no steps run"
-    warm = sorted(step_seconds[2:] or step_seconds)
-    median = warm[len(warm) // 2]
-    first = sum(step_seconds[:2])
-    return (
-        f"time per step: {median * 1e3:.2f} ms (median; steps 1-2, where XLA "
-        f"compiles, took {first * 1e3:.0f} ms)"
-    )

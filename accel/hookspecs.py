@@ -220,8 +220,9 @@ def optimizer_step(
     *First result*: the built-in fallback, asked last, is ``optimizer.step(closure)``
     and returns what it returns. Most plugins do their work *around* that step, as a
     wrapper: the TPU plugin reduces gradients across replicas before it and marks
-    the XLA step after it. A plain implementation that returns ``None`` lets the
-    fallback step; one that steps itself must return a value other than ``None``
+    the XLA step after it (inside a ``device_loader`` loop, at the next batch). A
+    plain implementation that returns ``None`` lets the fallback step; one that
+    steps itself must return a value other than ``None``
     (or the fallback steps a second time), so prefer a wrapper. Example::
 
         @accel.hookimpl(wrapper=True)

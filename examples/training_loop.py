@@ -24,7 +24,10 @@ def make_data(seed: int = 0) -> TensorDataset:
     return TensorDataset(inputs, targets)
 
 
-def train(acc: accel.Accelerator, steps: int, *, seed: int = 0) -> list[float]:
+# --8<-- [start:train]
+def train(
+    acc: accel.Accelerator, steps: int, *, seed: int = 0, checkpoint: str | None = None
+) -> list[float]:
     """Train a small MLP for ``steps`` steps on ``acc``; return the losses."""
     acc.manual_seed(seed)
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
@@ -32,26 +35,32 @@ def train(acc: accel.Accelerator, steps: int, *, seed: int = 0) -> list[float]:
     model = acc.model_to_device(model, optimizer=optimizer)
     # drop_last: every batch has the same shape, so XLA compiles the step once.
     loader = DataLoader(make_data(seed), batch_size=32, shuffle=False, drop_last=True)
-    losses: list[float] = []
+    losses: list[torch.Tensor] = []
     while len(losses) < steps:  # as many epochs as the steps need
         for inputs, targets in acc.device_loader(loader):
             loss = nn.functional.mse_loss(model(inputs), targets)
             loss.backward()
-            acc.optimizer_step(optimizer)  # XLA: step, then cut the graph here
+            acc.optimizer_step(optimizer)  # XLA: the step ends here (at the next batch)
             optimizer.zero_grad()
-            losses.append(loss.item())
+            losses.append(loss.detach())  # no .item() here: on XLA it would run early
             if len(losses) == steps:
                 break
-    return losses
+    if checkpoint is not None:  # tensors on the CPU; only the main process writes
+        acc.save({"model": acc.state_dict(model), "optimizer": optimizer.state_dict()}, checkpoint)
+    return [float(loss) for loss in losses]
+
+
+# --8<-- [end:train]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--checkpoint", default=None, help="save the model here")
     args = parser.parse_args()
     acc = accel.get_accelerator(args.accelerator)  # on XLA: before any backward()
-    losses = train(acc, args.steps)
+    losses = train(acc, args.steps, checkpoint=args.checkpoint)
     print(f"{acc.name} ({acc.device}): loss {losses[0]:.4f} -> {losses[-1]:.4f}")
     print(f"memory: {acc.memory_stats()}")
 

@@ -182,3 +182,34 @@ def test_state_dict_of_a_tied_xla_model_round_trips_with_its_tie(
     assert fresh.head.weight is fresh.embed.weight and fresh.embed.weight.device == tpu.device
     for key, value in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[key].cpu(), value.cpu()), key
+
+
+def test_in_a_device_loader_loop_the_next_batch_marks_the_step_and_break_marks_the_last(
+    tpu: accel.Accelerator,
+) -> None:
+    import torch_xla.debug.metrics as met
+
+    model = tpu.model_to_device(torch.nn.Linear(2, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+
+    def marks() -> int:
+        return met.counter_value("MarkStep") or 0
+
+    after_step = []
+    for count, batch in enumerate(tpu.device_loader([torch.ones(1, 2)] * 3), start=1):
+        model.weight.grad = batch.new_ones(1, 2)
+        before = marks()
+        tpu.optimizer_step(optimizer)
+        # The gradients are still alive here: marking now would make the graph write
+        # them out. The next batch marks the step instead, after zero_grad().
+        after_step.append(marks() - before)
+        optimizer.zero_grad()
+        if count == 2:
+            before_break = marks()
+            break
+    assert after_step == [0, 0]
+    assert marks() == before_break + 1  # the loop's last step, marked on leaving it
+    # Outside a loader loop, or a second step without a new batch, marks at once.
+    before = marks()
+    tpu.optimizer_step(optimizer)
+    assert marks() == before + 1
