@@ -97,7 +97,7 @@ def autocast(
 ) -> AbstractContextManager[Any]:
     import torch
 
-    from accel.precision import checked_autocast_dtype, torch_autocast
+    from accel.precision import autocast_to
 
     try:
         default = torch.get_autocast_dtype(device.type)
@@ -108,8 +108,7 @@ def autocast(
         ) from None
     # torch checks the rest when the block starts; the common types are known to be fine.
     supported = (default,) if dtype is None else (dtype,)
-    chosen = checked_autocast_dtype(accelerator, dtype, default=default, supported=supported)
-    return torch_autocast(accelerator, device, chosen)
+    return autocast_to(accelerator, device, dtype, default=default, supported=supported)
 
 
 @hookimpl(trylast=True)

@@ -15,7 +15,30 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["checked_autocast_dtype", "torch_autocast"]
+__all__ = ["autocast_to", "checked_autocast_dtype", "torch_autocast"]
+
+
+def autocast_to(
+    accelerator: str,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    *,
+    default: torch.dtype,
+    supported: Iterable[torch.dtype],
+    why: str = "",
+) -> AbstractContextManager[Any]:
+    """The ``autocast`` hook in one call: ``dtype`` (or ``default``) checked against
+    ``supported``, then :func:`torch_autocast`. Example::
+
+        @accel.hookimpl
+        def autocast(accelerator, device, dtype):
+            return autocast_to(accelerator, device, dtype, default=torch.bfloat16,
+                               supported=(torch.bfloat16, torch.float16))
+    """
+    chosen = checked_autocast_dtype(
+        accelerator, dtype, default=default, supported=supported, why=why
+    )
+    return torch_autocast(accelerator, device, chosen)
 
 
 def checked_autocast_dtype(

@@ -120,11 +120,22 @@ def _expand_snippets(body: list[str], problems: list[str], name: str) -> str:
         if snippet is None:
             expanded.append(text)
             continue
-        path = REPO / snippet["path"]
+        # "path:section" takes the lines between `--8<-- [start:section]` and
+        # `--8<-- [end:section]` in that file, as the snippets extension does.
+        relative, _, section = snippet["path"].partition(":")
+        path = REPO / relative
         if not path.is_file():
-            problems.append(f"{name}: snippet {snippet['path']!r} does not exist")
+            problems.append(f"{name}: snippet {relative!r} does not exist")
             continue
-        expanded.extend(path.read_text(encoding="utf-8").splitlines())
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if section:
+            starts = [i for i, line in enumerate(lines) if f"[start:{section}]" in line]
+            ends = [i for i, line in enumerate(lines) if f"[end:{section}]" in line]
+            if not starts or not ends:
+                problems.append(f"{name}: {relative!r} has no snippet section {section!r}")
+                continue
+            lines = lines[starts[0] + 1 : ends[0]]
+        expanded.extend(lines)
     return "\n".join(expanded) + "\n"
 
 

@@ -104,7 +104,19 @@ GIVENS: dict[str, Callable[[Namespace, pytest.MonkeyPatch], Any]] = {
     "MyBetterCudaPlugin": lambda ns, mp: _BetterCudaPlugin,
     "xla_device": lambda ns, mp: _xla_device(),
     "no_torch_xla": lambda ns, mp: _hide_torch_xla(mp),
+    "train": lambda ns, mp: _training_loop().train,
 }
+
+
+def _training_loop() -> Any:
+    """examples/training_loop.py, the loop docs/training.md shows."""
+    spec = importlib.util.spec_from_file_location(
+        "training_loop", REPO / "examples" / "training_loop.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _give(name: str, ns: Namespace, monkeypatch: pytest.MonkeyPatch, where: str) -> None:

@@ -38,17 +38,17 @@ class CudaTrainingHooks:
     ) -> AbstractContextManager[Any]:
         import torch
 
-        from accel.precision import checked_autocast_dtype, torch_autocast
+        from accel.precision import autocast_to
 
         bf16 = bool(torch.cuda.is_bf16_supported())
-        chosen = checked_autocast_dtype(
+        return autocast_to(
             accelerator,
+            device,
             dtype,
             default=torch.bfloat16 if bf16 else torch.float16,
             supported=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
             why="" if bf16 else " (this GPU has no bfloat16: compute capability < 8.0)",
         )
-        return torch_autocast(accelerator, device, chosen)
 
     @hookimpl
     def memory_stats(self, device: torch.device) -> MemoryStats:
@@ -84,16 +84,16 @@ class MpsTrainingHooks:
     ) -> AbstractContextManager[Any]:
         import torch
 
-        from accel.precision import checked_autocast_dtype, torch_autocast
+        from accel.precision import autocast_to
 
         # bfloat16 needs macOS 14; torch_autocast turns torch's refusal into an error.
-        chosen = checked_autocast_dtype(
+        return autocast_to(
             accelerator,
+            device,
             dtype,
             default=torch.float16,
             supported=(torch.float16, torch.bfloat16),
         )
-        return torch_autocast(accelerator, device, chosen)
 
     @hookimpl
     def memory_stats(self) -> MemoryStats:

@@ -50,12 +50,15 @@ class CpuPlugin:
     ) -> AbstractContextManager[Any]:
         import torch
 
-        from accel.precision import checked_autocast_dtype, torch_autocast
+        from accel.precision import autocast_to
 
-        chosen = checked_autocast_dtype(
-            accelerator, dtype, default=torch.bfloat16, supported=(torch.bfloat16, torch.float16)
+        return autocast_to(
+            accelerator,
+            device,
+            dtype,
+            default=torch.bfloat16,
+            supported=(torch.bfloat16, torch.float16),
         )
-        return torch_autocast(accelerator, device, chosen)
 
     @hookimpl
     def memory_stats(self) -> MemoryStats:

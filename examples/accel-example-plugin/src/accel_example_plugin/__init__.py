@@ -17,7 +17,7 @@ import torch
 
 import accel
 from accel.memory import MemoryStats
-from accel.precision import checked_autocast_dtype, torch_autocast
+from accel.precision import autocast_to
 
 __all__ = [
     "autocast",
@@ -90,14 +90,14 @@ def autocast(
 ) -> AbstractContextManager[Any]:
     # Like CUDA: bfloat16 where the GPU has it (Arc, Data Center GPU Max), else float16.
     bf16 = bool(torch.xpu.is_bf16_supported())
-    chosen = checked_autocast_dtype(
+    return autocast_to(
         accelerator,
+        device,
         dtype,
         default=torch.bfloat16 if bf16 else torch.float16,
         supported=(torch.bfloat16, torch.float16) if bf16 else (torch.float16,),
         why="" if bf16 else " (this Intel GPU has no bfloat16)",
     )
-    return torch_autocast(accelerator, device, chosen)
 
 
 @accel.hookimpl
