@@ -143,12 +143,13 @@ def main() -> None:
     )
     print_table(
         "Where accel's per-call time goes",
-        ["batch", "dispatch: handle + pluggy hook call", "move_batch over the plain function"],
+        ["batch", "dispatch: the handle's cached hook check", "move_batch over the plain function"],
         dispatch_rows,
         [
             "dispatch = acc.batch_to_device − move_batch on the same batch: "
-            "Accelerator → registry.call → the cached pluggy subset hook caller → the "
-            "built-in batch_to_device hook. On the 1,000-tensor batch it is smaller than "
+            "the handle asks its accelerator's hooks whether only accel's fallback moves "
+            "batches (cached; then no pluggy call is made) and calls move_batch. On the "
+            "1,000-tensor batch it is smaller than "
             "the run-to-run noise (±2%, so it can even come out negative); the empty-dict "
             "row measures it alone.",
             "the second column is what move_batch's extra features cost (memo of "
