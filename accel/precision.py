@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["autocast_to", "checked_autocast_dtype", "torch_autocast"]
+__all__ = ["autocast_to", "bfloat16_autocast", "checked_autocast_dtype", "torch_autocast"]
 
 
 def autocast_to(
@@ -39,6 +39,22 @@ def autocast_to(
         accelerator, dtype, default=default, supported=supported, why=why
     )
     return torch_autocast(accelerator, device, chosen)
+
+
+def bfloat16_autocast(
+    accelerator: str, device: torch.device, dtype: torch.dtype | None
+) -> AbstractContextManager[Any]:
+    """:func:`autocast_to` for devices that prefer bfloat16 and take float16 too (the
+    CPU and TPUs)."""
+    import torch
+
+    return autocast_to(
+        accelerator,
+        device,
+        dtype,
+        default=torch.bfloat16,
+        supported=(torch.bfloat16, torch.float16),
+    )
 
 
 def checked_autocast_dtype(

@@ -72,17 +72,9 @@ class XlaTrainingHooks:
     def autocast(
         self, accelerator: str, device: torch.device, dtype: torch.dtype | None
     ) -> AbstractContextManager[Any]:
-        import torch
+        from accel.precision import bfloat16_autocast
 
-        from accel.precision import autocast_to
-
-        return autocast_to(
-            accelerator,
-            device,
-            dtype,
-            default=torch.bfloat16,
-            supported=(torch.bfloat16, torch.float16),
-        )
+        return bfloat16_autocast(accelerator, device, dtype)
 
     @hookimpl
     def memory_stats(self, device: torch.device) -> MemoryStats:
