@@ -5,7 +5,6 @@ and the "did you mean" suggestion. Nothing else in accel parses a name.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Iterable
@@ -110,6 +109,8 @@ def name_from_environment(name: str | None) -> tuple[str, str]:
 
 def closest_name(name: str, known: Iterable[str]) -> str | None:
     """The known name ``name`` was most likely meant to be, if one is close."""
+    import difflib  # only when a name is wrong: keeps `accel --help` quick
+
     matches = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return matches[0] if matches else None
 

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from accel._names import ACCELERATOR_ENV as _ACCELERATOR_ENV
+
 __all__ = ["main"]
 
 EXIT_OK = 0
@@ -27,10 +29,8 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
 
-#: The variable accel.get_accelerator() reads when given no name.
-_ACCELERATOR_ENV = "ACCEL_ACCELERATOR"
 #: What an omitted accelerator name means: what accel.get_accelerator() does.
-_DEFAULT_NAME_HELP = "name (default: $ACCEL_ACCELERATOR, else auto)"
+_DEFAULT_NAME_HELP = f"name (default: ${_ACCELERATOR_ENV}, else auto)"
 
 
 class CliError(Exception):
