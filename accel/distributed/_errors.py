@@ -17,3 +17,7 @@ class DistributedSetupError(AcceleratorError, RuntimeError):
         super().__init__(message)
         #: The launcher's variables that were expected but not set (empty if none).
         self.missing = missing
+
+
+# Tracebacks and messages name the class where users import it from.
+DistributedSetupError.__module__ = "accel.distributed"
