@@ -1,5 +1,5 @@
 """``python -m accel``: the same as the ``accel`` command."""
 
-from accel.cli import main
+from accel.tools.cli import main
 
 raise SystemExit(main())

@@ -7,18 +7,18 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
-from accel._transaction import RestorePoint
-from accel.batch import move_batch
+from accel._core.transaction import RestorePoint
 from accel.errors import PluginError
+from accel.training.batch import move_batch
 from accel.types import AcceleratorSpec, MoveContext, TieCheck, checked_tie_check
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from accel._dispatch import AcceleratorHooks
-    from accel.device_loader import DeviceLoader
-    from accel.memory import MemoryStats
+    from accel._core.dispatch import AcceleratorHooks
+    from accel.training.device_loader import DeviceLoader
+    from accel.training.memory import MemoryStats
 
 __all__ = ["Accelerator"]
 
@@ -155,7 +155,7 @@ class Accelerator:
                 )
             self._hooks.call("post_move_hook", model=moved, device=self.device, context=context)
             if optimizers:
-                from accel._optimizers import retarget_optimizers
+                from accel._core.optimizers import retarget_optimizers
 
                 retarget_optimizers(optimizers, restore_point, self.device)
         except BaseException as exc:
@@ -276,7 +276,7 @@ class Accelerator:
         ``total_bytes``, the same keys on every accelerator; a value the runtime does not
         report is ``None``. On the CPU: the process's resident memory and the RAM.
         """
-        from accel.memory import checked_memory_stats
+        from accel.training.memory import checked_memory_stats
 
         result = self._hooks.call("memory_stats", device=self.device)
         return checked_memory_stats(result, self.name, self._hooks.answerers("memory_stats"))
@@ -291,7 +291,7 @@ class Accelerator:
 
         :raises TypeError: ``loader`` is not iterable.
         """
-        from accel.device_loader import DeviceLoader
+        from accel.training.device_loader import DeviceLoader
 
         if not isinstance(loader, Iterable) or isinstance(loader, (str, bytes)):
             raise TypeError(
@@ -331,7 +331,7 @@ class Accelerator:
         Pass :meth:`state_dict`'s result, or any dict/list of tensors and values (an
         optimizer's ``state_dict()``).
         """
-        from accel.checkpoint import to_cpu
+        from accel.training.checkpoint import to_cpu
 
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(

@@ -30,7 +30,7 @@ from accel.markers import hookspec
 if TYPE_CHECKING:
     import torch
 
-    from accel.memory import MemoryStats
+    from accel.training.memory import MemoryStats
     from accel.types import AcceleratorSpec, Availability, MoveContext
 
 __all__ = [
@@ -287,13 +287,13 @@ def autocast(
 
     ``dtype`` is what the user asked for, or ``None`` for the accelerator's
     preferred low-precision type. Raise ``ValueError`` for a type the device
-    cannot autocast to (:func:`accel.precision.checked_autocast_dtype` writes
+    cannot autocast to (:func:`accel.training.precision.checked_autocast_dtype` writes
     the message). *First result*: the fallback is ``torch.autocast`` for the
     device's type, defaulting to ``torch.get_autocast_dtype``. Example::
 
         @accel.hookimpl
         def autocast(device, dtype):
-            from accel.precision import checked_autocast_dtype
+            from accel.training.precision import checked_autocast_dtype
             chosen = checked_autocast_dtype("npu", dtype, default=torch.float16,
                                             supported=(torch.float16, torch.bfloat16))
             return torch.autocast(device.type, dtype=chosen)
@@ -303,7 +303,7 @@ def autocast(
 
 @hookspec(firstresult=True)
 def memory_stats(accelerator: str, device: torch.device) -> MemoryStats | None:
-    """Report the device's memory use as an :class:`accel.memory.MemoryStats` dict.
+    """Report the device's memory use as an :class:`accel.training.memory.MemoryStats` dict.
 
     Keys ``allocated_bytes``, ``peak_allocated_bytes`` and ``total_bytes``; each an
     ``int``, or ``None`` when the runtime does not report it (never a guess).
@@ -311,7 +311,7 @@ def memory_stats(accelerator: str, device: torch.device) -> MemoryStats | None:
 
         @accel.hookimpl
         def memory_stats(device):
-            return accel.memory.MemoryStats(
+            return accel.training.memory.MemoryStats(
                 allocated_bytes=torch.npu.memory_allocated(device),
                 peak_allocated_bytes=torch.npu.max_memory_allocated(device),
                 total_bytes=torch.npu.get_device_properties(device).total_memory,
@@ -351,7 +351,7 @@ def state_dict(accelerator: str, model: torch.nn.Module) -> dict[str, Any] | Non
     A tensor the model holds under several names (a tied weight) must be one CPU
     tensor under all of them, so that ``torch.save`` stores it once and
     ``load_state_dict`` restores the tie. *First result*: the fallback
-    (:func:`accel.checkpoint.cpu_state_dict`) copies each distinct tensor once.
+    (:func:`accel.training.checkpoint.cpu_state_dict`) copies each distinct tensor once.
     Example::
 
         @accel.hookimpl

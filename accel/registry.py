@@ -1,9 +1,9 @@
 """The accelerator registry: a set of plugins and the way to select among them.
 
 A small facade over four parts, each owning its own state (see docs/architecture.md):
-the catalog of accelerators and names (:mod:`accel._catalog`), the entry-point
-loader (:mod:`accel._loading`), hook dispatch with one pluggy manager per accelerator
-(:mod:`accel._dispatch`), and selection (:mod:`accel._selection`). Two registries in
+the catalog of accelerators and names (:mod:`accel._core.catalog`), the entry-point
+loader (:mod:`accel._core.loading`), hook dispatch with one pluggy manager per accelerator
+(:mod:`accel._core.dispatch`), and selection (:mod:`accel._core.selection`). Two registries in
 one process share nothing. Plugins load on first use, never at ``import accel``.
 """
 
@@ -13,11 +13,11 @@ import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, final
 
-from accel._catalog import BUILTIN_PROVIDER, Catalog, Conflict
-from accel._dispatch import Dispatcher
-from accel._loading import EntryPointLoader
-from accel._names import PLUGINS_ENV
-from accel._plugins import check_plugin_object, declared_specs, plugin_label
+from accel._core.catalog import BUILTIN_PROVIDER, Catalog, Conflict
+from accel._core.declarations import check_plugin_object, declared_specs, plugin_label
+from accel._core.dispatch import Dispatcher
+from accel._core.loading import EntryPointLoader
+from accel._core.names import PLUGINS_ENV
 from accel.errors import PluginError
 from accel.markers import PROJECT_NAME
 from accel.types import AcceleratorInfo, AcceleratorSpec, PluginFailure, TieCheck
@@ -110,7 +110,7 @@ class AcceleratorRegistry:
             the device index is beyond its device count.
         :raises PluginError: several installed plugins claim that name.
         """
-        from accel._selection import select
+        from accel._core.selection import select
 
         dispatcher = self._loaded()
         return select(self._catalog, dispatcher, self._failures, name, tie_check)
@@ -119,7 +119,7 @@ class AcceleratorRegistry:
         """Every registered accelerator, available or not, in ``"auto"`` order
         (highest priority first, then by name); then plugins that failed to load,
         unavailable, with their error."""
-        from accel._selection import accelerator_rows
+        from accel._core.selection import accelerator_rows
 
         dispatcher = self._loaded()
         return accelerator_rows(self._catalog, dispatcher, list(self._failures))
@@ -143,7 +143,7 @@ class AcceleratorRegistry:
             return dispatcher
         with self._lock:
             if self._dispatcher is None:
-                from accel import _fallbacks
+                from accel._core import fallbacks as _fallbacks
 
                 dispatcher = Dispatcher(_fallbacks)
                 if self._builtins:

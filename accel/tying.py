@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
-from accel._transaction import SlotContents
-from accel._walk import each_module
+from accel._core.transaction import SlotContents
+from accel._core.walk import each_module
 
 if TYPE_CHECKING:
     import torch

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from accel._names import check_accelerator_name
+from accel._core.names import check_accelerator_name
 
 if TYPE_CHECKING:
     import torch

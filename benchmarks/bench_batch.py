@@ -3,7 +3,7 @@
 Every candidate moves the same CPU batch to the ``meta`` device, which does real work
 per tensor (a new tensor on another device) without copying data, so the figures
 are the cost of walking the batch and dispatching, not of memory bandwidth. accel
-is timed twice: ``accel.batch.move_batch`` (the tree walk alone) and
+is timed twice: ``accel.training.batch.move_batch`` (the tree walk alone) and
 ``Accelerator.batch_to_device`` on a registry whose accelerator moves to ``meta``
 (the handle + pluggy hook call + the walk); the difference is the dispatch.
 
@@ -18,10 +18,10 @@ import accelerate
 import torch
 from _harness import compare_per_call, environment_line, fmt_us, print_table, verdict
 from accelerate.utils import send_to_device
-from fakes import MetaTpuPlugin  # tests/fakes.py: benchmarks/run puts tests/ on the path
 
 import accel
-from accel.batch import move_batch
+from accel.training.batch import move_batch
+from helpers.fakes import MetaTpuPlugin  # benchmarks/run puts tests/ on the path
 
 META = torch.device("meta")
 

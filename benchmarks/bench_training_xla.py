@@ -48,11 +48,11 @@ def child(model_name: str, side: str) -> dict[str, float]:
     torch.manual_seed(0)
     _, length, batch_size = MODELS[model_name]
     if model_name == "demo":
-        from accel.demo import build_tied_language_model
+        from accel.tools.demo import build_tied_language_model
 
         model, vocab = build_tied_language_model(), 64
     else:
-        import models
+        import bench_models as models
 
         model, vocab = models.GPT2LM(models.GPT2_SMALL), models.GPT2_SMALL.vocab
     tokens = torch.randint(0, vocab, (STEPS, batch_size, length + 1))

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import accelerate
+import bench_models as models
 import lightning
-import models
 import torch
 from _harness import environment_line, fmt_ms, fmt_ratio, print_table, timed, verdict
 from accelerate.utils import find_tied_parameters as accelerate_find

@@ -24,7 +24,7 @@ from collections.abc import Callable
 # Before torch_xla is imported: it picks its PJRT device once, at import.
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
-import models
+import bench_models as models
 import torch
 import torch_xla
 import torch_xla.core.xla_model as xm
@@ -39,7 +39,7 @@ from _harness import (
 )
 
 import accel
-from accel._transaction import RestorePoint
+from accel._core.transaction import RestorePoint
 from accel.tying import TyingSnapshot
 
 ROUNDS = int(os.environ.get("BENCH_XLA_ROUNDS", "9"))

@@ -19,7 +19,7 @@ import io
 import pstats
 from typing import Any
 
-import models
+import bench_models as models
 import torch
 from _harness import compare_per_call, fmt_ms, fmt_ratio, print_table
 from bench_tying import LIBRARIES, PEERS, Library, measure_model

@@ -5,9 +5,9 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from fakes import MetaTpuPlugin
 
 import accel
+from helpers.fakes import MetaTpuPlugin
 
 XLA_TIER = os.environ.get("ACCEL_TIER") == "xla"
 

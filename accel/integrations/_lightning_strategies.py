@@ -27,8 +27,8 @@ from lightning.pytorch.strategies import SingleDeviceStrategy as TrainerSingleDe
 from typing_extensions import override
 
 import accel
-from accel._optimizers import retarget_optimizers
-from accel._transaction import RestorePoint
+from accel._core.optimizers import retarget_optimizers
+from accel._core.transaction import RestorePoint
 from accel.integrations._lightning_accelerator import AccelAccelerator, as_lightning_accelerator
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from accel.markers import hookimpl
 if TYPE_CHECKING:
     import torch
 
-    from accel.memory import MemoryStats
+    from accel.training.memory import MemoryStats
 
 __all__ = ["CudaTrainingHooks", "MpsTrainingHooks", "pin_batch"]
 
@@ -38,7 +38,7 @@ class CudaTrainingHooks:
     ) -> AbstractContextManager[Any]:
         import torch
 
-        from accel.precision import autocast_to
+        from accel.training.precision import autocast_to
 
         bf16 = bool(torch.cuda.is_bf16_supported())
         return autocast_to(
@@ -54,7 +54,7 @@ class CudaTrainingHooks:
     def memory_stats(self, device: torch.device) -> MemoryStats:
         import torch
 
-        from accel.memory import MemoryStats
+        from accel.training.memory import MemoryStats
 
         return MemoryStats(
             allocated_bytes=int(torch.cuda.memory_allocated(device)),
@@ -64,7 +64,7 @@ class CudaTrainingHooks:
 
     @hookimpl
     def device_loader(self, loader: Iterable[Any], move: Callable[[Any], Any]) -> Iterable[Any]:
-        from accel.device_loader import PrefetchingLoader
+        from accel.training.device_loader import PrefetchingLoader
 
         return PrefetchingLoader(loader, move, pin_batch)
 
@@ -84,7 +84,7 @@ class MpsTrainingHooks:
     ) -> AbstractContextManager[Any]:
         import torch
 
-        from accel.precision import autocast_to
+        from accel.training.precision import autocast_to
 
         # bfloat16 needs macOS 14; torch_autocast turns torch's refusal into an error.
         return autocast_to(
@@ -99,7 +99,7 @@ class MpsTrainingHooks:
     def memory_stats(self) -> MemoryStats:
         import torch
 
-        from accel.memory import MemoryStats
+        from accel.training.memory import MemoryStats
 
         return MemoryStats(
             allocated_bytes=int(torch.mps.current_allocated_memory()),
@@ -112,7 +112,7 @@ class MpsTrainingHooks:
 
 def pin_batch(batch: Any) -> Any:
     """``batch`` with its CPU tensors in pinned memory (already pinned ones kept)."""
-    from accel.checkpoint import map_tensors
+    from accel.training.checkpoint import map_tensors
 
     def pin(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.device.type != "cpu" or tensor.is_pinned():

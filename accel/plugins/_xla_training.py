@@ -25,7 +25,7 @@ from accel.markers import hookimpl
 if TYPE_CHECKING:
     import torch
 
-    from accel.memory import MemoryStats
+    from accel.training.memory import MemoryStats
 
 __all__ = ["XlaTrainingHooks"]
 
@@ -72,7 +72,7 @@ class XlaTrainingHooks:
     def autocast(
         self, accelerator: str, device: torch.device, dtype: torch.dtype | None
     ) -> AbstractContextManager[Any]:
-        from accel.precision import bfloat16_autocast
+        from accel.training.precision import bfloat16_autocast
 
         return bfloat16_autocast(accelerator, device, dtype)
 
@@ -80,7 +80,7 @@ class XlaTrainingHooks:
     def memory_stats(self, device: torch.device) -> MemoryStats:
         import torch_xla.core.xla_model as xm
 
-        from accel.memory import MemoryStats, unknown
+        from accel.training.memory import MemoryStats, unknown
 
         try:
             info = xm.get_memory_info(device)
@@ -137,7 +137,7 @@ class XlaLoader:
     def __iter__(self) -> Iterator[Any]:
         import torch_xla.distributed.parallel_loader as pl
 
-        from accel.checkpoint import map_tensors
+        from accel.training.checkpoint import map_tensors
 
         source = _Capturing(self._loader)
         loop = _loop_state()
@@ -209,7 +209,7 @@ class _Capturing:
         return len(self._loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        from accel.checkpoint import map_tensors
+        from accel.training.checkpoint import map_tensors
 
         try:
             for batch in self._loader:

@@ -12,7 +12,7 @@ from accel.types import AcceleratorSpec, Availability
 if TYPE_CHECKING:
     import torch
 
-    from accel.memory import MemoryStats
+    from accel.training.memory import MemoryStats
 
 
 class CpuPlugin:
@@ -48,13 +48,13 @@ class CpuPlugin:
     def autocast(
         self, accelerator: str, device: torch.device, dtype: torch.dtype | None
     ) -> AbstractContextManager[Any]:
-        from accel.precision import bfloat16_autocast
+        from accel.training.precision import bfloat16_autocast
 
         return bfloat16_autocast(accelerator, device, dtype)
 
     @hookimpl
     def memory_stats(self) -> MemoryStats:
-        from accel.memory import host_memory_stats
+        from accel.training.memory import host_memory_stats
 
         return host_memory_stats()
 

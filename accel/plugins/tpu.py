@@ -25,10 +25,10 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Final
 
-from accel import _xla_versions
-from accel._walk import each_module
+from accel._core.walk import each_module
 from accel.errors import WeightTyingError
 from accel.markers import hookimpl
+from accel.plugins import _xla_versions
 from accel.plugins._xla_training import XlaTrainingHooks
 from accel.tying import TyingSnapshot, empty_duplicate_slots, format_tie_failure
 from accel.types import AcceleratorSpec, Availability, MoveContext

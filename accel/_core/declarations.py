@@ -1,0 +1,124 @@
+"""What a plugin object is: its label for messages, the accelerators it declares, and
+whether its hooks fit accel's hook specifications. Every check names the plugin and
+says what to change, before the plugin can take part in any call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import ModuleType
+
+import pluggy
+
+from accel import hookspecs
+from accel._core.names import closest_name
+from accel.errors import PluginError
+from accel.markers import PROJECT_NAME
+from accel.types import AcceleratorSpec
+
+__all__ = ["check_hook_names", "check_plugin_object", "declared_specs", "plugin_label"]
+
+_HOOK_NAMES = tuple(hookspecs.__all__)
+
+
+def plugin_label(plugin: object) -> str:
+    """A readable name for a plugin object: its module, or its class."""
+    if isinstance(plugin, ModuleType):
+        return plugin.__name__
+    return f"{type(plugin).__module__}.{type(plugin).__qualname__}"
+
+
+def new_plugin_manager() -> pluggy.PluginManager:
+    """An empty plugin manager that knows accel's hooks."""
+    manager = pluggy.PluginManager(PROJECT_NAME)
+    manager.add_hookspecs(hookspecs)
+    return manager
+
+
+def check_plugin_object(
+    plugin: object, label: str, provider: str, manager: pluggy.PluginManager
+) -> None:
+    """Reject objects pluggy cannot hold or that implement no accel hook."""
+    try:
+        hash(plugin)
+    except TypeError:
+        raise PluginError(
+            f"plugin {label!r} from {provider} must be hashable (pluggy keeps plugins in "
+            f"sets); use a module, a class instance, or a dataclass with eq=False"
+        ) from None
+    if not any(manager.parse_hookimpl_opts(plugin, attr) for attr in dir(plugin)):
+        hint = " (a class: pass an instance of it)" if isinstance(plugin, type) else ""
+        raise PluginError(
+            f"plugin {label!r} from {provider} has no accel hooks{hint}: mark its hook "
+            f"implementations with @accel.hookimpl; the hooks are listed in accel.hookspecs"
+        )
+
+
+def declared_specs(
+    plugin: object, label: str, provider: str, manager: pluggy.PluginManager
+) -> list[AcceleratorSpec]:
+    """Call the plugin's ``register_accelerators`` (if any) and check what it returns.
+
+    An empty list means a cross-cutting plugin.
+    """
+    if manager.parse_hookimpl_opts(plugin, "register_accelerators") is None:
+        return []
+    if isinstance(plugin, type):
+        raise PluginError(f"plugin {label!r} from {provider} is a class; register an instance")
+    try:
+        returned = plugin.register_accelerators()  # type: ignore[attr-defined]
+    except Exception as exc:
+        raise PluginError(
+            f"plugin {label!r} from {provider} raised in register_accelerators: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    specs = _as_spec_list(returned)
+    if specs is None:
+        raise PluginError(
+            f"plugin {label!r} from {provider}: register_accelerators must return "
+            f"AcceleratorSpec objects, got {type(returned).__name__}: {returned!r}"
+        )
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise PluginError(f"plugin {label!r} declares accelerator {spec.name!r} twice")
+        seen.add(spec.name)
+    return specs
+
+
+def check_hook_names(
+    plugin: object, label: str, provider: str, manager: pluggy.PluginManager
+) -> None:
+    """Reject hook implementations that match no accel hook (typos, stale names).
+
+    Call it right after registering ``plugin`` in ``manager``.
+    """
+    try:
+        manager.check_pending()
+    except pluggy.PluginValidationError as exc:
+        unknown = [
+            name
+            for name, caller in vars(manager.hook).items()
+            if not name.startswith("_")
+            and not caller.has_spec()
+            and any(impl.plugin is plugin for impl in caller.get_hookimpls())
+        ]
+        close = closest_name(unknown[0], _HOOK_NAMES) if unknown else None
+        hint = f" Did you mean {close!r}?" if close else ""
+        raise PluginError(
+            f"plugin {label!r} from {provider} implements unknown hook "
+            f"{', '.join(map(repr, unknown)) or '?'}.{hint} accel's hooks are: "
+            f"{', '.join(_HOOK_NAMES)}."
+        ) from exc
+
+
+def _as_spec_list(returned: object) -> list[AcceleratorSpec] | None:
+    """``returned`` as a list of specs, or ``None`` if it is anything else."""
+    if isinstance(returned, AcceleratorSpec):
+        return [returned]
+    if not isinstance(returned, Iterable) or isinstance(returned, (str, bytes, Mapping)):
+        return None
+    items = list(returned)
+    if all(isinstance(item, AcceleratorSpec) for item in items):
+        return items
+    return None

@@ -1,0 +1,143 @@
+"""The built-in fallback hook implementations, asked after every plugin.
+
+Registered in every registry (even one without the built-in accelerators), so a
+third-party accelerator plugin only implements what it does differently.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from accel.markers import hookimpl
+from accel.training.batch import move_batch
+from accel.types import Availability
+
+if TYPE_CHECKING:
+    import torch
+
+    from accel.training.memory import MemoryStats
+
+
+@hookimpl(trylast=True)
+def is_available(accelerator: str) -> Availability:
+    return Availability(
+        False,
+        reason=f"no plugin answered is_available for {accelerator!r}",
+        remedy="the accelerator's plugin must implement the is_available hook",
+    )
+
+
+@hookimpl(trylast=True)
+def device_count() -> int:
+    return 1
+
+
+@hookimpl(trylast=True)
+def get_device(accelerator: str, index: int | None) -> torch.device:
+    import torch
+
+    from accel.errors import PluginError
+
+    # Out-of-tree backends register their device type under their own name.
+    try:
+        return torch.device(accelerator, 0 if index is None else index)
+    except RuntimeError:
+        raise PluginError(
+            f"torch has no device type {accelerator!r}, so the plugin providing the "
+            f"accelerator {accelerator!r} must implement the get_device hook"
+        ) from None
+
+
+@hookimpl(trylast=True)
+def distributed_backend() -> str:
+    return "gloo"
+
+
+@hookimpl(trylast=True)
+def model_to_device(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    return model.to(device)
+
+
+@hookimpl(trylast=True)
+def batch_to_device(batch: Any, device: torch.device) -> Any:
+    return move_batch(batch, device)
+
+
+# -- the training step: what an accelerator that says nothing else gets -----------
+
+
+@hookimpl(trylast=True)
+def optimizer_step(optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None) -> Any:
+    return optimizer.step() if closure is None else optimizer.step(closure)
+
+
+@hookimpl(trylast=True)
+def mark_step() -> None:
+    return None  # an eager device has no pending graph
+
+
+@hookimpl(trylast=True)
+def synchronize() -> None:
+    return None  # nothing known to wait for
+
+
+@hookimpl(trylast=True)
+def manual_seed(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)  # the host, and every device type torch knows
+
+
+@hookimpl(trylast=True)
+def autocast(
+    accelerator: str, device: torch.device, dtype: torch.dtype | None
+) -> AbstractContextManager[Any]:
+    import torch
+
+    from accel.training.precision import autocast_to
+
+    try:
+        default = torch.get_autocast_dtype(device.type)
+    except RuntimeError:
+        raise ValueError(
+            f"torch cannot autocast on device type {device.type!r} (accelerator "
+            f"{accelerator!r}); its plugin must implement the autocast hook"
+        ) from None
+    # torch checks the rest when the block starts; the common types are known to be fine.
+    supported = (default,) if dtype is None else (dtype,)
+    return autocast_to(accelerator, device, dtype, default=default, supported=supported)
+
+
+@hookimpl(trylast=True)
+def memory_stats() -> MemoryStats:
+    from accel.training.memory import unknown
+
+    return unknown()
+
+
+@hookimpl(trylast=True)
+def device_loader(loader: Iterable[Any], move: Callable[[Any], Any]) -> Iterable[Any]:
+    from accel.training.device_loader import MovingLoader
+
+    return MovingLoader(loader, move)
+
+
+@hookimpl(trylast=True)
+def state_dict(model: torch.nn.Module) -> dict[str, Any]:
+    from accel.training.checkpoint import cpu_state_dict
+
+    return cpu_state_dict(model)
+
+
+@hookimpl(trylast=True)
+def save(obj: Any, path: str | os.PathLike[str]) -> bool:
+    import torch
+
+    from accel.training.checkpoint import is_main_process
+
+    if is_main_process():
+        torch.save(obj, path)
+    return True

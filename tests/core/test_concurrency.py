@@ -1,0 +1,308 @@
+"""Many threads selecting accelerators and moving things on one registry at once."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import accel
+from helpers.fakes import FakeAccelerator, MetaTpuPlugin, MoveRecorder
+from helpers.models import TiedLM
+
+THREADS = 16
+ITERATIONS = 12
+JOIN_TIMEOUT_S = 60.0
+
+Pair = collections.namedtuple("Pair", ["left", "right"])
+
+
+@dataclasses.dataclass
+class Record:
+    features: torch.Tensor
+    meta: dict[str, Any]
+
+
+@pytest.fixture
+def busy_switching() -> Iterator[None]:
+    """Switch threads far more often than usual, so interleavings actually happen."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+def _build_registry() -> accel.AcceleratorRegistry:
+    """Built-ins, with `tpu` replaced by the meta-moving TPU plugin."""
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(MetaTpuPlugin(), name="meta-tpu", override=True)
+    return registry
+
+
+NAMES = ["cpu", " CPU ", "auto", "xla", "tpu", "tpu:0", "gpu", "cpu:1", "cpuu", "nonesuch"]
+
+
+def _outcome(registry: accel.AcceleratorRegistry, name: str) -> tuple[str, ...]:
+    """What selecting ``name`` gives, as comparable values."""
+    try:
+        acc = registry.get_accelerator(name)
+    except accel.AcceleratorNotFoundError as exc:
+        return ("not-found", exc.requested, str(exc.suggestion))
+    except accel.AcceleratorUnavailableError as exc:
+        return ("unavailable", exc.accelerator)
+    return ("ok", acc.name, str(acc.device))
+
+
+def _batch(seed: int) -> dict[str, Any]:
+    shared = torch.full((2,), float(seed))
+    return {
+        "ids": [torch.arange(3) + seed, (torch.ones(2) * seed, "tag")],
+        "pair": Pair(shared, shared),
+        "record": Record(torch.zeros(1, 2) + seed, {"n": seed, "t": torch.tensor(seed)}),
+    }
+
+
+def _check_batch(moved: dict[str, Any], seed: int, device: torch.device) -> None:
+    assert type(moved) is dict
+    ids = moved["ids"]
+    assert type(ids) is list and type(ids[1]) is tuple and ids[1][1] == "tag"
+    assert type(moved["pair"]) is Pair
+    assert moved["pair"].left is moved["pair"].right  # moved once, still one object
+    assert type(moved["record"]) is Record
+    assert moved["record"].meta["n"] == seed
+    tensors = [ids[0], ids[1][0], moved["pair"].left, moved["record"].features]
+    tensors.append(moved["record"].meta["t"])
+    assert all(t.device == device for t in tensors)
+    if device.type == "cpu":
+        assert torch.equal(ids[0], torch.arange(3) + seed)
+        assert torch.equal(moved["pair"].left, torch.full((2,), float(seed)))
+        assert int(moved["record"].meta["t"]) == seed
+    else:
+        assert ids[0].shape == (3,) and moved["record"].features.shape == (1, 2)
+
+
+def _check_model_move(acc: accel.Accelerator, seed: int) -> None:
+    torch.manual_seed(seed)
+    model = TiedLM(vocab=6, width=4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    moved = acc.model_to_device(model, optimizer=optimizer)
+    assert moved is model
+    assert model.head.weight is model.embed.weight
+    assert len(list(model.parameters())) == 3
+    assert all(p.device == acc.device for p in model.parameters())
+    params = optimizer.param_groups[0]["params"]
+    assert all(p is q for p, q in zip(params, model.parameters(), strict=True))
+
+
+def _run_threads(workers: list[Callable[[], None]]) -> list[str]:
+    """Start every worker behind one barrier; return the tracebacks of failures."""
+    errors: list[str] = []
+    barrier = threading.Barrier(len(workers), timeout=JOIN_TIMEOUT_S)
+
+    def run(work: Callable[[], None]) -> None:
+        try:
+            barrier.wait()
+            work()
+        except BaseException:
+            errors.append(traceback.format_exc())
+
+    threads = [threading.Thread(target=run, args=(w,), daemon=True) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_TIMEOUT_S)
+    stuck = [t.name for t in threads if t.is_alive()]
+    assert not stuck, f"threads still running after {JOIN_TIMEOUT_S}s: {stuck}"
+    return errors
+
+
+def test_many_threads_select_and_move_on_one_registry(busy_switching: None) -> None:
+    reference = _build_registry()
+    expected = {name: _outcome(reference, name) for name in NAMES}
+    # What the contract says, whatever the machine: so the reference is right too.
+    assert expected["cpu"] == expected[" CPU "] == ("ok", "cpu", "cpu")
+    assert expected["xla"] == expected["tpu"] == expected["tpu:0"] == ("ok", "tpu", "meta")
+    assert expected["cpuu"] == ("not-found", "cpuu", "cpu")
+    assert expected["nonesuch"][0] == "not-found"
+    assert expected["cpu:1"] == ("unavailable", "cpu")
+    assert expected["auto"][0] == "ok"
+
+    registry = _build_registry()
+    recorder = MoveRecorder()
+    toggles = 0
+    results: list[tuple[str, tuple[str, ...]]] = []
+
+    def selector_and_mover(index: int) -> Callable[[], None]:
+        def work() -> None:
+            for iteration in range(ITERATIONS):
+                name = NAMES[(index + iteration) % len(NAMES)]
+                results.append((name, _outcome(registry, name)))
+                seed = index * 100 + iteration
+                cpu = registry.get_accelerator("cpu")
+                tpu = registry.get_accelerator("xla")
+                _check_batch(cpu.batch_to_device(_batch(seed)), seed, cpu.device)
+                _check_batch(tpu.batch_to_device(_batch(seed)), seed, tpu.device)
+                if iteration % 3 == 0:
+                    _check_model_move(tpu if index % 2 else cpu, seed)
+
+        return work
+
+    def toggler() -> None:
+        nonlocal toggles
+        for _ in range(ITERATIONS * 4):
+            registry.register(recorder, name="recorder")
+            registry.unregister(recorder)
+            toggles += 1
+
+    workers = [selector_and_mover(i) for i in range(THREADS - 1)] + [toggler]
+    errors = _run_threads(workers)
+
+    assert not errors, "\n".join(errors)
+    assert toggles == ITERATIONS * 4
+    assert len(results) == (THREADS - 1) * ITERATIONS
+    for name, outcome in results:
+        assert outcome == expected[name], name
+    # Every move the recorder saw while registered was a real one.
+    assert all(move in {("cpu", "cpu"), ("tpu", "meta")} for move in recorder.moves)
+
+    # One consistent state: what a fresh registry with the same plugins has.
+    assert registry.names() == reference.names()
+    assert registry.list_accelerators() == reference.list_accelerators()
+    assert registry.plugin_failures() == []
+    # The cross-cutting plugin is gone for good: no stale hook caller still reaches it.
+    seen = len(recorder.moves)
+    registry.get_accelerator("cpu").model_to_device(TiedLM())
+    registry.get_accelerator("tpu").model_to_device(TiedLM())
+    assert len(recorder.moves) == seen
+    # And registering it again makes it see each move exactly once.
+    registry.register(recorder, name="recorder")
+    registry.get_accelerator("tpu").model_to_device(TiedLM())
+    assert recorder.moves[seen:] == [("tpu", "meta")]
+    assert registry.list_accelerators() == reference.list_accelerators()
+
+
+def test_first_use_from_many_threads_loads_the_registry_once(busy_switching: None) -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    reference = accel.AcceleratorRegistry(entry_points=None)
+    seen: list[tuple[str, tuple[str, ...], int]] = []
+
+    def work() -> None:
+        acc = registry.get_accelerator("cpu")
+        names = tuple(registry.names())
+        seen.append((acc.name, names, len(registry.list_accelerators())))
+
+    errors = _run_threads([work] * THREADS)
+
+    assert not errors, "\n".join(errors)
+    expected = ("cpu", tuple(reference.names()), len(reference.list_accelerators()))
+    assert seen == [expected] * THREADS
+    assert registry.list_accelerators() == reference.list_accelerators()
+
+
+def test_threads_registering_plugins_of_their_own(busy_switching: None) -> None:
+    """Each thread registers and unregisters its own accelerator while others select."""
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    reference = accel.AcceleratorRegistry(entry_points=None)
+
+    def own_plugin(index: int) -> Callable[[], None]:
+        def work() -> None:
+            for iteration in range(ITERATIONS):
+                plugin = FakeAccelerator(f"fake{index}", aliases=(f"alias{index}",))
+                registry.register(plugin)
+                acc = registry.get_accelerator(f"ALIAS{index}")
+                assert acc.name == f"fake{index}"
+                moved = acc.batch_to_device(_batch(iteration))
+                _check_batch(moved, iteration, torch.device("cpu"))
+                assert "batch_to_device" in plugin.calls
+                registry.unregister(plugin)
+                with pytest.raises(accel.AcceleratorNotFoundError):
+                    registry.get_accelerator(f"fake{index}")
+                assert registry.get_accelerator("cpu").name == "cpu"
+
+        return work
+
+    errors = _run_threads([own_plugin(i) for i in range(THREADS // 2)])
+
+    assert not errors, "\n".join(errors)
+    assert registry.names() == reference.names()
+    assert registry.list_accelerators() == reference.list_accelerators()
+
+
+class BlockingFake(FakeAccelerator):
+    """Its is_available waits, once, until the test lets it go on."""
+
+    def __init__(self) -> None:
+        super().__init__("fake")
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.block = False
+
+    @accel.hookimpl
+    def is_available(self) -> accel.Availability:
+        if self.block:
+            self.block = False
+            self.entered.set()
+            assert self.release.wait(JOIN_TIMEOUT_S)
+        return accel.Availability(True)
+
+
+def test_unregistering_during_a_selection_gives_a_result_or_a_clear_error() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    fake = BlockingFake()
+    registry.register(fake)
+    fake.block = True
+    outcome: list[object] = []
+
+    def select() -> None:
+        try:
+            outcome.append(registry.get_accelerator("fake"))
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=select, daemon=True)
+    thread.start()
+    try:
+        assert fake.entered.wait(JOIN_TIMEOUT_S)
+        registry.unregister(fake)  # while the selection is inside the plugin's hook
+    finally:
+        fake.release.set()
+    thread.join(JOIN_TIMEOUT_S)
+    assert not thread.is_alive()
+
+    (result,) = outcome
+    if isinstance(result, accel.Accelerator):
+        assert result.name == "fake"
+    else:
+        assert isinstance(result, accel.AcceleratorNotFoundError), repr(result)
+    assert "fake" not in registry.names()
+
+
+def test_a_handle_whose_plugin_was_unregistered_raises_a_clear_error() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    fake = FakeAccelerator("fake")
+    registry.register(fake)
+    acc = registry.get_accelerator("fake")
+    registry.unregister(fake)  # e.g. by another thread, while this one holds the handle
+
+    with pytest.raises(accel.AcceleratorError, match="fake"):
+        acc.batch_to_device(torch.ones(1))
+
+
+def test_a_handle_never_reaches_a_plugin_registered_after_it() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    cpu = registry.get_accelerator("cpu")
+    late = FakeAccelerator("late", available=False)
+    registry.register(late)  # e.g. by another thread, while the handle is in use
+
+    assert cpu.is_available()  # the late plugin's "no" never answers for the CPU
+    cpu.model_to_device(torch.nn.Linear(2, 2))
+    assert late.calls == []  # nor do its move hooks run

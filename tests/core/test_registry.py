@@ -1,0 +1,192 @@
+"""Registries: embedding, isolation, dispatch of hooks per accelerator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import accel
+from accel import tying
+from helpers.fakes import FakeAccelerator, MetaTpuPlugin, MoveRecorder
+from helpers.models import TiedLM
+
+
+def test_two_registries_never_see_each_others_plugins() -> None:
+    first = accel.AcceleratorRegistry(entry_points=None)
+    second = accel.AcceleratorRegistry(entry_points=None)
+    first.register(FakeAccelerator("npu"))
+    assert first.get_accelerator("npu").name == "npu"
+    with pytest.raises(accel.AcceleratorNotFoundError):
+        second.get_accelerator("npu")
+    with pytest.raises(accel.AcceleratorNotFoundError):
+        accel.get_accelerator("npu")
+    assert "npu" not in {info.name for info in accel.list_accelerators()}
+
+
+def test_registry_without_builtins_has_only_what_is_registered() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    assert registry.list_accelerators() == []
+    registry.register(FakeAccelerator("npu"))
+    assert [info.name for info in registry.list_accelerators()] == ["npu"]
+    with pytest.raises(accel.AcceleratorNotFoundError):
+        registry.get_accelerator("cpu")
+
+
+def test_unregister_removes_the_accelerator() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    plugin = FakeAccelerator("npu", aliases=("ascend",))
+    registry.register(plugin)
+    assert registry.get_accelerator("ascend").name == "npu"
+    registry.unregister(plugin)
+    with pytest.raises(accel.AcceleratorNotFoundError):
+        registry.get_accelerator("ascend")
+
+
+def test_constructing_a_registry_loads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import accel.plugins
+
+    calls: list[str] = []
+
+    def counted(name: str, factory: Callable[[], object]) -> Callable[[], object]:
+        return lambda: (calls.append(name), factory())[1]
+
+    builtins = tuple(
+        (name, counted(name, factory)) for name, factory in accel.plugins.BUILTIN_PLUGINS
+    )
+    monkeypatch.setattr(accel.plugins, "BUILTIN_PLUGINS", builtins)
+    registry = accel.AcceleratorRegistry()
+    assert calls == []
+    registry.names()
+    assert calls == ["cpu", "cuda", "mps", "tpu", "tpu-tie-guard"]
+
+
+def test_cpu_move_never_reaches_the_tpu_plugins_hooks(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accel.plugins.tpu import TpuPlugin
+
+    reached: list[str] = []
+
+    @accel.hookimpl
+    def pre_move_hook(self: object) -> None:
+        reached.append("pre")
+
+    @accel.hookimpl
+    def post_move_hook(self: object) -> None:
+        reached.append("post")
+
+    monkeypatch.setattr(TpuPlugin, "pre_move_hook", pre_move_hook)
+    monkeypatch.setattr(TpuPlugin, "post_move_hook", post_move_hook)
+    monkeypatch.setattr(
+        TpuPlugin, "is_available", accel.hookimpl(lambda self: accel.Availability(True))
+    )
+    monkeypatch.setattr(TpuPlugin, "get_device", accel.hookimpl(lambda self: torch.device("meta")))
+    monkeypatch.setattr(TpuPlugin, "device_count", accel.hookimpl(lambda self: 1))
+    # Registered after patching, so the patched methods are what pluggy calls.
+    fresh = accel.AcceleratorRegistry(entry_points=None)
+    model = fresh.get_accelerator("cpu").model_to_device(TiedLM())
+    assert reached == []
+    assert isinstance(model, TiedLM)
+    # The same patched hooks do run for a TPU move: the check above can fail.
+    fresh.get_accelerator("tpu").model_to_device(TiedLM())
+    assert reached == ["pre", "post"]
+
+
+def test_cpu_move_never_calls_the_tying_code(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    for name in ("_scan", "find_tied_parameters", "count_unique_parameters", "retie"):
+        original = getattr(tying, name)
+        monkeypatch.setattr(
+            tying, name, lambda *a, _o=original, _n=name, **k: (calls.append(_n), _o(*a, **k))[1]
+        )
+    model = TiedLM()
+    moved = registry.get_accelerator("cpu").model_to_device(model)
+    assert calls == []
+    assert moved.head.weight is moved.embed.weight  # and the tie held by itself
+
+
+def test_tpu_move_does_call_the_tying_code(
+    meta_tpu: accel.Accelerator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    original = tying._scan
+    monkeypatch.setattr(
+        tying, "_scan", lambda *a, **k: (calls.append("scan"), original(*a, **k))[1]
+    )
+    meta_tpu.model_to_device(TiedLM())
+    assert calls == ["scan", "scan"]  # the snapshot before the move, the check after it
+
+
+def test_one_accelerators_hooks_do_not_run_for_another() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    npu, hpu = FakeAccelerator("npu"), FakeAccelerator("hpu")
+    registry.register(npu)
+    registry.register(hpu)
+    registry.get_accelerator("npu").model_to_device(torch.nn.Linear(2, 2))
+    registry.get_accelerator("npu").batch_to_device([torch.ones(1)])
+    assert npu.calls == ["pre_move_hook", "post_move_hook", "batch_to_device"]
+    assert hpu.calls == []
+    registry.get_accelerator("cpu").model_to_device(torch.nn.Linear(2, 2))
+    assert hpu.calls == [] and len(npu.calls) == 3
+
+
+def test_a_cross_cutting_plugin_sees_cpu_and_tpu_moves_alike() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    from accel.plugins import CpuPlugin
+
+    registry.register(CpuPlugin())
+    registry.register(MetaTpuPlugin())
+    recorder = MoveRecorder()
+    registry.register(recorder)
+    registry.get_accelerator("cpu").model_to_device(TiedLM())
+    registry.get_accelerator("tpu").model_to_device(TiedLM())
+    assert recorder.moves == [("cpu", "cpu"), ("tpu", "meta")]
+
+
+def test_plugins_registered_later_join_dispatch() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.get_accelerator("cpu").model_to_device(torch.nn.Linear(1, 1))  # warm the cache
+    recorder = MoveRecorder()
+    registry.register(recorder)
+    registry.get_accelerator("cpu").model_to_device(torch.nn.Linear(1, 1))
+    npu = FakeAccelerator("npu")
+    registry.register(npu)
+    registry.get_accelerator("cpu").model_to_device(torch.nn.Linear(1, 1))
+    assert recorder.moves == [("cpu", "cpu"), ("cpu", "cpu")]
+    assert npu.calls == []
+
+
+def test_a_failing_plugin_hook_is_named_in_the_error() -> None:
+    class Faulty(FakeAccelerator):
+        @accel.hookimpl
+        def post_move_hook(self) -> None:
+            raise RuntimeError("sensor offline")
+
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(Faulty("npu"), name="faulty-npu")
+    with pytest.raises(RuntimeError, match="sensor offline") as info:
+        registry.get_accelerator("npu").model_to_device(torch.nn.Linear(1, 1))
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "hook 'post_move_hook' of plugin 'faulty-npu'" in notes
+    assert "restored" in notes
+
+
+def test_a_batch_plugin_registered_after_first_use_is_reached() -> None:
+    # batch_to_device skips the hook call while only the fallback would answer;
+    # registering a plugin that moves batches must end that shortcut.
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    acc = registry.get_accelerator("cpu")
+    batch = {"x": torch.ones(1)}
+    assert acc.batch_to_device(batch)["x"] is batch["x"]
+
+    class Tagging:
+        @accel.hookimpl
+        def batch_to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, object]:
+            return {**batch, "tagged": True}
+
+    registry.register(Tagging())
+    assert acc.batch_to_device(batch)["tagged"] is True

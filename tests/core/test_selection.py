@@ -1,0 +1,301 @@
+"""Selecting accelerators by name, alias, index, environment and "auto"."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+import pytest
+import torch
+
+import accel
+from accel.plugins.gpu import CudaPlugin, MpsPlugin
+from helpers.fakes import FakeAccelerator
+
+BUILTIN_NAMES = {
+    "cpu": "cpu",
+    "cuda": "cuda",
+    "gpu": "cuda",
+    "mps": "mps",
+    "tpu": "tpu",
+    "xla": "tpu",
+}
+
+
+@pytest.mark.parametrize(("name", "canonical"), BUILTIN_NAMES.items())
+def test_every_builtin_name_and_alias_resolves_to_its_accelerator(
+    registry: accel.AcceleratorRegistry, name: str, canonical: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "gpu" means mps only where cuda is missing; pin that down for this test.
+    monkeypatch.setattr(MpsPlugin, "is_available", _unavailable_hook)
+    try:
+        acc = registry.get_accelerator(name)
+    except accel.AcceleratorUnavailableError as exc:
+        assert exc.accelerator == canonical
+    else:
+        assert acc.name == canonical
+
+
+def test_listing_shows_every_builtin_with_aliases(registry: accel.AcceleratorRegistry) -> None:
+    infos = {info.name: info for info in registry.list_accelerators()}
+    assert set(infos) == {"cpu", "cuda", "mps", "tpu"}
+    assert infos["cuda"].aliases == ("gpu",)
+    assert infos["mps"].aliases == ("gpu",)
+    assert infos["tpu"].aliases == ("xla",)
+    assert infos["cpu"].available and infos["cpu"].device_count == 1
+    assert {info.provider for info in infos.values()} == {"built-in"}
+    for info in infos.values():
+        assert info.available or info.reason, f"{info.name} unavailable without a reason"
+        assert info.description
+
+
+@pytest.mark.parametrize("name", ["cpu", "CPU", "  cpu ", "\tCpU\n", "cpu:0", " CPU : 0 "])
+def test_names_are_case_insensitive_and_stripped(
+    registry: accel.AcceleratorRegistry, name: str
+) -> None:
+    acc = registry.get_accelerator(name)
+    assert acc.name == "cpu"
+    assert acc.device == torch.device("cpu")
+
+
+def test_index_is_kept_on_the_handle(registry: accel.AcceleratorRegistry) -> None:
+    assert registry.get_accelerator("cpu:0").index == 0
+    assert registry.get_accelerator("cpu").index is None
+
+
+def test_index_beyond_device_count_is_unavailable(registry: accel.AcceleratorRegistry) -> None:
+    with pytest.raises(accel.AcceleratorUnavailableError, match=r"index 1.*1 device") as info:
+        registry.get_accelerator("cpu:1")
+    assert "'cpu:0'" in str(info.value)
+
+
+def test_index_checked_against_a_plugins_device_count() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(FakeAccelerator("npu", count=4))
+    assert registry.get_accelerator("npu:3").index == 3
+    with pytest.raises(accel.AcceleratorUnavailableError, match="'npu:0' to 'npu:3'"):
+        registry.get_accelerator("npu:4")
+
+
+@pytest.mark.parametrize("name", ["cpu:x", "cpu:-1", "cpu:", "cpu:1.5", "cpu:0:0"])
+def test_malformed_index_is_a_value_error(registry: accel.AcceleratorRegistry, name: str) -> None:
+    with pytest.raises(ValueError, match="bad device index"):
+        registry.get_accelerator(name)
+
+
+@pytest.mark.parametrize("name", ["", "   ", "\n"])
+def test_empty_name_is_a_value_error(registry: accel.AcceleratorRegistry, name: str) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        registry.get_accelerator(name)
+
+
+@pytest.mark.parametrize("name", [0, 1.5, b"cpu", ["cpu"], torch.device("cpu")])
+def test_non_string_name_is_a_type_error(registry: accel.AcceleratorRegistry, name: object) -> None:
+    with pytest.raises(TypeError, match="must be a str"):
+        registry.get_accelerator(name)  # type: ignore[arg-type]
+
+
+def test_auto_takes_no_index(registry: accel.AcceleratorRegistry) -> None:
+    with pytest.raises(ValueError, match="'auto' takes no device index"):
+        registry.get_accelerator("auto:0")
+
+
+def test_unknown_name_lists_known_names_and_the_closest(
+    registry: accel.AcceleratorRegistry,
+) -> None:
+    with pytest.raises(accel.AcceleratorNotFoundError) as info:
+        registry.get_accelerator("cdua")
+    error = info.value
+    assert isinstance(error, LookupError)
+    assert isinstance(error, accel.AcceleratorError)
+    assert error.suggestion == "cuda"
+    assert "Did you mean 'cuda'?" in str(error)
+    for known in ("auto", "cpu", "cuda", "gpu", "mps", "tpu", "xla"):
+        assert known in error.known
+        assert known in str(error)
+
+
+def test_unknown_name_far_from_everything_has_no_suggestion(
+    registry: accel.AcceleratorRegistry,
+) -> None:
+    with pytest.raises(accel.AcceleratorNotFoundError) as info:
+        registry.get_accelerator("quantum")
+    assert info.value.suggestion is None
+    assert "Did you mean" not in str(info.value)
+
+
+def test_unavailable_accelerator_says_why_and_what_to_do() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(FakeAccelerator("npu", available=False))
+    with pytest.raises(accel.AcceleratorUnavailableError) as info:
+        registry.get_accelerator("npu")
+    assert isinstance(info.value, RuntimeError)
+    assert info.value.accelerator == "npu"
+    assert "fake says no" in str(info.value)
+    assert "accel list" in str(info.value)
+
+
+@accel.hookimpl
+def _unavailable_hook(self: object) -> accel.Availability:
+    return accel.Availability(False, reason="switched off by the test", remedy="nothing")
+
+
+@accel.hookimpl
+def _available_hook(self: object) -> accel.Availability:
+    return accel.Availability(True)
+
+
+def test_gpu_alias_means_mps_on_a_machine_with_mps_instead(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(CudaPlugin, "is_available", _unavailable_hook)
+    monkeypatch.setattr(MpsPlugin, "is_available", _available_hook)
+    acc = registry.get_accelerator("gpu")
+    assert acc.name == "mps"
+    assert acc.device == torch.device("mps", 0)
+
+
+def test_gpu_alias_prefers_cuda_when_both_exist(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(CudaPlugin, "is_available", _available_hook)
+    monkeypatch.setattr(MpsPlugin, "is_available", _available_hook)
+    monkeypatch.setattr(CudaPlugin, "device_count", accel.hookimpl(lambda self: 2))
+    assert registry.get_accelerator("gpu").name == "cuda"
+    assert registry.get_accelerator("gpu:1").device == torch.device("cuda", 1)
+
+
+def test_gpu_alias_with_no_gpu_explains_both(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(CudaPlugin, "is_available", _unavailable_hook)
+    monkeypatch.setattr(MpsPlugin, "is_available", _unavailable_hook)
+    with pytest.raises(accel.AcceleratorUnavailableError, match="'mps' is not available either"):
+        registry.get_accelerator("gpu")
+
+
+def test_environment_variable_picks_the_default(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry.register(FakeAccelerator("npu", priority=-5))
+    monkeypatch.setenv("ACCEL_ACCELERATOR", " NPU ")
+    assert registry.get_accelerator().name == "npu"
+    # An explicit name wins over the environment.
+    assert registry.get_accelerator("cpu").name == "cpu"
+
+
+def test_environment_variable_with_unknown_name_says_where_it_came_from(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCEL_ACCELERATOR", "nonsense")
+    with pytest.raises(accel.AcceleratorNotFoundError, match=r"\$ACCEL_ACCELERATOR"):
+        registry.get_accelerator()
+
+
+def test_environment_variable_with_bad_index_says_where_it_came_from(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCEL_ACCELERATOR", "cpu:zero")
+    with pytest.raises(ValueError, match=r"read from \$ACCEL_ACCELERATOR"):
+        registry.get_accelerator()
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_blank_environment_variable_means_auto(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    registry.register(FakeAccelerator("npu", priority=1000))
+    monkeypatch.setenv("ACCEL_ACCELERATOR", value)
+    assert registry.get_accelerator().name == "npu"
+
+
+def test_auto_picks_the_highest_priority_available() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(FakeAccelerator("low", priority=10))
+    registry.register(FakeAccelerator("high", priority=1000))
+    registry.register(FakeAccelerator("higher_but_down", priority=5000, available=False))
+    registry.register(FakeAccelerator("higher_not_auto", priority=6000, auto=False))
+    assert registry.get_accelerator("auto").name == "high"
+    assert registry.get_accelerator().name == "high"
+
+
+def test_auto_breaks_priority_ties_by_registration_order() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    registry.register(FakeAccelerator("first", priority=7))
+    registry.register(FakeAccelerator("second", priority=7))
+    assert registry.get_accelerator("auto").name == "first"
+
+
+def test_auto_falls_back_to_cpu_when_nothing_else_is_available(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(CudaPlugin, "is_available", _unavailable_hook)
+    monkeypatch.setattr(MpsPlugin, "is_available", _unavailable_hook)
+    assert registry.get_accelerator("auto").name == "cpu"
+
+
+def test_auto_with_nothing_available_explains_each() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    registry.register(FakeAccelerator("npu", available=False))
+    with pytest.raises(accel.AcceleratorUnavailableError, match="npu: fake says no"):
+        registry.get_accelerator("auto")
+
+
+def test_handle_reports_backend_count_and_availability(
+    registry: accel.AcceleratorRegistry,
+) -> None:
+    acc = registry.get_accelerator("cpu")
+    assert acc.distributed_backend == "gloo"
+    assert acc.device_count() == 1
+    assert acc.is_available() is True
+    assert repr(acc) == "Accelerator(name='cpu', device='cpu')"
+
+
+def test_builtin_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel.plugins import CudaPlugin, MpsPlugin, TpuPlugin
+
+    assert CudaPlugin().distributed_backend() == "nccl"
+    assert MpsPlugin().distributed_backend() == "cpu:gloo"  # no backend carries MPS tensors
+    assert TpuPlugin().distributed_backend() == "xla"
+
+
+def test_tie_check_is_validated(registry: accel.AcceleratorRegistry) -> None:
+    with pytest.raises(ValueError, match="tie_check must be one of"):
+        registry.get_accelerator("cpu", tie_check="sometimes")  # type: ignore[arg-type]
+    acc = registry.get_accelerator("cpu", tie_check="warn")
+    assert acc.tie_check == "warn"
+    acc.tie_check = "off"
+    assert acc.tie_check == "off"
+    with pytest.raises(ValueError, match="tie_check"):
+        acc.tie_check = "loud"  # type: ignore[assignment]
+
+
+def test_module_level_functions_use_one_lazy_default_registry() -> None:
+    assert accel.default_registry() is accel.default_registry()
+    assert accel.get_accelerator("cpu").name == "cpu"
+    assert "cpu" in {info.name for info in accel.list_accelerators()}
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["installed-a-first", "installed-b-first"])
+def test_auto_and_the_listing_do_not_depend_on_install_order(
+    monkeypatch: pytest.MonkeyPatch, reverse: bool
+) -> None:
+    group = "accel-ordering-test"
+    found = [
+        importlib.metadata.EntryPoint("beta", "helpers.ordering_plugins:BetaPlugin", group),
+        importlib.metadata.EntryPoint("alpha", "helpers.ordering_plugins:AlphaPlugin", group),
+    ]
+    real = importlib.metadata.entry_points
+
+    def entry_points(**params: Any) -> Any:
+        if params.get("group") == group:
+            return found[::-1] if reverse else found  # as sys.path order would give them
+        return real(**params)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    registry = accel.AcceleratorRegistry(entry_points=group)
+
+    # Equal priorities: the canonical name breaks the tie, whatever the order found.
+    assert registry.get_accelerator("auto").name == "alpha"
+    names = [info.name for info in registry.list_accelerators()]
+    assert [name for name in names if name in ("alpha", "beta")] == ["alpha", "beta"]

@@ -1,0 +1,211 @@
+"""Every Python block of README.md and docs/*.md runs, so the docs cannot drift from the code.
+
+The ``doc-test`` convention (docs/contributing.md) marks what a block takes as given,
+which tier it needs, and why a block is not run. Blocks run with no third-party
+plugins loaded, in a fresh default registry, in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import io
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import accel
+from helpers.doc_blocks import (
+    REPO,
+    Block,
+    chains,
+    doc_pages,
+    output_matches,
+    parse_page,
+    pycon_examples,
+)
+from helpers.models import TiedLM
+
+Namespace = dict[str, Any]
+
+
+# -- what a block may take as given ---------------------------------------------------
+
+
+class _CrossCuttingPlugin:
+    """A plugin of the reader's that declares no accelerator (``MyPlugin``)."""
+
+    @accel.hookimpl
+    def pre_move_hook(self, model: torch.nn.Module) -> None:
+        pass
+
+
+class _VendorPlugin:
+    """A vendor's accelerator, available here and moving to the CPU (``VendorPlugin``)."""
+
+    @accel.hookimpl
+    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+        return [accel.AcceleratorSpec("npu", priority=150, description="a vendor's NPU")]
+
+    @accel.hookimpl
+    def is_available(self) -> accel.Availability:
+        return accel.Availability(True)
+
+    @accel.hookimpl
+    def get_device(self) -> torch.device:
+        return torch.device("cpu")
+
+
+class _BetterCudaPlugin:
+    """A replacement for the built-in ``cuda`` accelerator (``MyBetterCudaPlugin``)."""
+
+    @accel.hookimpl
+    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+        return [accel.AcceleratorSpec("cuda", aliases=("gpu",), priority=100)]
+
+
+def _hide_torch_xla(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "torch_xla" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+def _xla_device() -> Any:
+    import torch_xla
+
+    return torch_xla.device()
+
+
+def _needs(name: str, ns: Namespace) -> Any:
+    if name not in ns:
+        raise LookupError(f"give {name!r} before the names built from it")
+    return ns[name]
+
+
+#: name -> builds it, given the names given before it. ``no_torch_xla`` is a situation:
+#: torch_xla looks uninstalled.
+GIVENS: dict[str, Callable[[Namespace, pytest.MonkeyPatch], Any]] = {
+    "model": lambda ns, mp: TiedLM(),
+    "optimizer": lambda ns, mp: torch.optim.SGD(_needs("model", ns).parameters(), lr=0.1),
+    "tokens": lambda ns, mp: torch.randint(0, 16, (2, 8)),
+    "mask": lambda ns, mp: torch.ones(2, 8, dtype=torch.bool),
+    "batch": lambda ns, mp: {"tokens": torch.randint(0, 16, (2, 8))},
+    "registry": lambda ns, mp: accel.AcceleratorRegistry(entry_points=None),
+    "MyPlugin": lambda ns, mp: _CrossCuttingPlugin,
+    "VendorPlugin": lambda ns, mp: _VendorPlugin,
+    "MyBetterCudaPlugin": lambda ns, mp: _BetterCudaPlugin,
+    "xla_device": lambda ns, mp: _xla_device(),
+    "no_torch_xla": lambda ns, mp: _hide_torch_xla(mp),
+    "train": lambda ns, mp: _training_loop().train,
+}
+
+
+def _training_loop() -> Any:
+    """examples/training_loop.py, the loop docs/training.md shows."""
+    spec = importlib.util.spec_from_file_location(
+        "training_loop", REPO / "examples" / "training_loop.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _give(name: str, ns: Namespace, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    if name in GIVENS:
+        value = GIVENS[name](ns, monkeypatch)
+        if value is not None:
+            ns[name] = value
+        return
+    if re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name) and importlib.util.find_spec(
+        name.split(".")[0]
+    ):
+        importlib.import_module(name)  # `given accel.distributed`: as `import accel.distributed`
+        top = name.split(".")[0]
+        ns[top] = importlib.import_module(top)
+        return
+    pytest.fail(
+        f"{where}: unknown given {name!r}; known: {', '.join(GIVENS)}, or a module name. "
+        f"Add it to GIVENS in tests/docs/test_docs.py"
+    )
+
+
+# -- collecting ---------------------------------------------------------------------
+
+
+def _chain_params() -> list[Any]:
+    params = []
+    for path in doc_pages():
+        for chain in chains(parse_page(path)):
+            first = chain[0]
+            marks: list[Any] = [pytest.mark.xla] if first.xla else []
+            if first.skip is not None:
+                marks.append(pytest.mark.skip(reason=f"{first.where}: {first.skip}"))
+            params.append(pytest.param(chain, id=first.where, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("page", doc_pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_doc_test_directives_are_well_formed(page: Path) -> None:
+    problems = parse_page(page).problems
+    assert not problems, "\n".join(problems) + "\n(see docs/contributing.md, 'Docs examples')"
+
+
+@pytest.fixture
+def doc_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What a reader with accel alone installed has: no third-party plugins."""
+    monkeypatch.setattr(accel, "_default_registry", None)
+    monkeypatch.setenv("ACCEL_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.chdir(tmp_path)  # blocks that save files save them here
+    # A block may import torch_xla (Lightning's "auto" probes for it), which sets
+    # PJRT_DEVICE for the whole process: put it back as it was for the tests after.
+    # (setenv records the value to restore, unset included; delenv of an unset
+    # variable would record nothing.)
+    pjrt_device = os.environ.get("PJRT_DEVICE")
+    monkeypatch.setenv("PJRT_DEVICE", pjrt_device or "")
+    if pjrt_device is None:
+        monkeypatch.delenv("PJRT_DEVICE")
+
+
+@pytest.mark.usefixtures("doc_environment")
+@pytest.mark.parametrize("chain", _chain_params())
+def test_doc_block_runs(chain: list[Block], monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace: Namespace = {"__name__": "__doc_test__"}
+    for block in chain:
+        for name in block.givens:
+            _give(name, namespace, monkeypatch, block.where)
+        if block.language == "pycon":
+            _run_pycon(block, namespace)
+        else:
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(compile(block.code, block.where, "exec"), namespace)
+
+
+def _run_pycon(block: Block, namespace: Namespace) -> None:
+    examples = pycon_examples(block.code)
+    assert examples, f"{block.where}: a pycon block without '>>>' lines"
+    for example in examples:
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed):
+                exec(compile(example.source, block.where, "single"), namespace)
+            got = printed.getvalue()
+        except Exception as exc:
+            got = f"{_public_type_name(type(exc))}: {exc}"
+        assert output_matches(example.expected, got), (
+            f"{block.where}: >>> {example.source.strip()}\n"
+            f"the page shows:\n{example.expected}\nthe code gives:\n{got}"
+        )
+
+
+def _public_type_name(cls: type) -> str:
+    return next(k.__name__ for k in cls.__mro__ if not k.__name__.startswith("_"))

@@ -1,0 +1,839 @@
+"""Every row of docs/errors.md, triggered: the bad input, the exception type, the message.
+
+The page is the source of truth for the message fragments: each case here only knows
+how to trigger its bad input and which exception (or warning) it expects, and reads the
+fragments to look for from the row with the same ID. A row without a case, or a case
+without a row, fails; so does a "Known gaps" entry that is not an expected failure here.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import re
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import accel
+from accel.plugins import tpu
+from helpers.fakes import MetaTpuPlugin
+from helpers.models import TiedLM, UntiesOnPurpose
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
+COLUMNS = ["ID", "Bad input", "Error", "Message says"]
+SLUG = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+CODE_SPAN = re.compile(r"`([^`]+)`")
+NOT_AN_ERROR = "—"
+ENTRY_POINT_GROUP = "accel-errors-table"
+
+
+# -- the page ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    bad_input: str
+    error: str
+    message: str
+
+    @property
+    def is_error(self) -> bool:
+        return not self.error.startswith(NOT_AN_ERROR)
+
+    @property
+    def error_type(self) -> str | None:
+        """The exception (or warning) class the row documents, by name."""
+        if not self.is_error:
+            return None
+        spans = CODE_SPAN.findall(self.error)
+        return spans[0] if spans else None
+
+    @property
+    def fragments(self) -> list[str]:
+        """The quoted parts of *Message says*, each expected verbatim."""
+        return CODE_SPAN.findall(self.message)
+
+
+def _cells(line: str) -> list[str]:
+    assert "\\|" not in line, f"escaped pipes are not supported in docs/errors.md: {line}"
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
+
+
+def doc_rows() -> dict[str, Row]:
+    lines = [line for line in DOC.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+    assert lines, "docs/errors.md has no table"
+    assert _cells(lines[0]) == COLUMNS, f"table header is {_cells(lines[0])}, not {COLUMNS}"
+    assert set(lines[1]) <= set("|-: "), "the second table line must be the separator"
+    rows: dict[str, Row] = {}
+    for line in lines[2:]:
+        cells = _cells(line)
+        assert len(cells) == len(COLUMNS), f"row does not have {len(COLUMNS)} cells: {line}"
+        row = Row(cells[0].strip("`"), *cells[1:])
+        assert row.id not in rows, f"ID {row.id!r} appears twice in docs/errors.md"
+        rows[row.id] = row
+    return rows
+
+
+def doc_known_gaps() -> set[str]:
+    text = DOC.read_text(encoding="utf-8")
+    _, found, section = text.partition("\n## Known gaps\n")
+    assert found, "docs/errors.md has no '## Known gaps' section"
+    section = section.split("\n## ", 1)[0]
+    return set(re.findall(r"^- `([a-z0-9-]+)`", section, flags=re.MULTILINE))
+
+
+# -- the cases ---------------------------------------------------------------------
+
+
+Trigger = Callable[[pytest.MonkeyPatch], object]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    trigger: Trigger
+    #: The exception or warning class expected; None: accepted, not an error.
+    expected: type[BaseException] | None
+    #: Why accel does not behave as documented yet (an expected failure until fixed).
+    bug: str | None = None
+    #: Some fragments live in exception notes, which exist from Python 3.11.
+    needs_notes: bool = False
+
+
+CASES: dict[str, Case] = {}
+
+
+def case(
+    case_id: str,
+    expected: type[BaseException] | None,
+    *,
+    bug: str | None = None,
+    needs_notes: bool = False,
+) -> Callable[[Trigger], Trigger]:
+    def register(trigger: Trigger) -> Trigger:
+        assert case_id not in CASES, f"two cases named {case_id!r}"
+        CASES[case_id] = Case(case_id, trigger, expected, bug, needs_notes)
+        return trigger
+
+    return register
+
+
+def _registry(*plugins: object, builtins: bool = True) -> accel.AcceleratorRegistry:
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=builtins)
+    for plugin in plugins:
+        registry.register(plugin)
+    return registry
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
+
+
+def _plugin(name: str = "npu", **hooks: Callable[..., Any] | None) -> object:
+    """An accelerator plugin declaring ``name``, available, one device, moving to the CPU.
+
+    Each keyword replaces one hook implementation (``self`` first); ``None`` leaves the
+    hook out.
+    """
+    defaults: dict[str, Callable[..., Any] | None] = {
+        "register_accelerators": lambda self: [accel.AcceleratorSpec(name)],
+        "is_available": lambda self: accel.Availability(True),
+        "get_device": lambda self: torch.device("cpu"),
+    }
+    methods = {
+        hook: accel.hookimpl(function)
+        for hook, function in {**defaults, **hooks}.items()
+        if function is not None
+    }
+    return type("NpuPlugin", (), methods)()
+
+
+def _without_cuda_or_mps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the built-in GPU plugins see a torch build with neither CUDA nor MPS."""
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.backends.mps, "is_built", lambda: False)
+
+
+def _entry_point_registry(
+    monkeypatch: pytest.MonkeyPatch, *entry_points: importlib.metadata.EntryPoint
+) -> accel.AcceleratorRegistry:
+    """A registry loading only ``entry_points``, from a group of this module's own."""
+    real = importlib.metadata.entry_points
+
+    def fake(**params: Any) -> Any:
+        if params.get("group") == ENTRY_POINT_GROUP:
+            return list(entry_points)
+        return real(**params)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", fake)
+    return accel.AcceleratorRegistry(entry_points=ENTRY_POINT_GROUP)
+
+
+def _fake_entry_point() -> importlib.metadata.EntryPoint:
+    return importlib.metadata.EntryPoint("fake", "helpers.fakes:FakeAccelerator", ENTRY_POINT_GROUP)
+
+
+def _broken_entry_point() -> importlib.metadata.EntryPoint:
+    return importlib.metadata.EntryPoint(
+        "broken", "accel_errors_table_no_such_module:Plugin", ENTRY_POINT_GROUP
+    )
+
+
+class _BrokenTorchXla:
+    """A meta-path finder failing like a torch_xla built for another torch."""
+
+    def find_spec(self, name: str, *args: Any) -> None:
+        if name == "torch_xla" or name.startswith("torch_xla."):
+            raise ImportError("_XLAC.so: undefined symbol: _ZN5torch8autograd")
+
+
+def _torch_xla(monkeypatch: pytest.MonkeyPatch, *, installed: bool, pjrt: str | None) -> None:
+    """Pretend torch_xla is (not) installed, with importing it failing, and no TPU here."""
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        if name == "torch_xla":
+            return importlib.machinery.ModuleSpec("torch_xla", None) if installed else None
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.delitem(sys.modules, "torch_xla", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_BrokenTorchXla(), *sys.meta_path])
+    monkeypatch.setattr(tpu, "tpu_hardware_present", lambda: False)
+    if pjrt is None:
+        monkeypatch.delenv("PJRT_DEVICE", raising=False)
+    else:
+        monkeypatch.setenv("PJRT_DEVICE", pjrt)
+
+
+def _listed(registry: accel.AcceleratorRegistry, name: str) -> accel.AcceleratorInfo:
+    return {info.name: info for info in registry.list_accelerators()}[name]
+
+
+# Names ---------------------------------------------------------------------------
+
+
+@case("name-unknown", accel.AcceleratorNotFoundError)
+def _name_unknown(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("quantum")
+
+
+@case("name-typo", accel.AcceleratorNotFoundError)
+def _name_typo(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("cdua")
+
+
+@case("name-empty", ValueError)
+def _name_empty(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("")
+
+
+@case("name-whitespace", ValueError)
+def _name_whitespace(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("   ")
+
+
+@case("name-none", None)
+def _name_none(mp: pytest.MonkeyPatch) -> object:
+    registry = _registry()
+    assert registry.get_accelerator(None).name == registry.get_accelerator("auto").name
+    mp.setenv("ACCEL_ACCELERATOR", "cpu")
+    assert registry.get_accelerator(None).name == "cpu"
+    return None
+
+
+@case("name-int", TypeError)
+def _name_int(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator(0)  # type: ignore[arg-type]
+
+
+@case("name-bytes", TypeError)
+def _name_bytes(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator(b"cpu")  # type: ignore[arg-type]
+
+
+@case("name-torch-device", TypeError)
+def _name_torch_device(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator(torch.device("cuda", 1))  # type: ignore[arg-type]
+
+
+@case("name-unavailable", accel.AcceleratorUnavailableError)
+def _name_unavailable(mp: pytest.MonkeyPatch) -> object:
+    _without_cuda_or_mps(mp)
+    return _registry().get_accelerator("cuda")
+
+
+@case("name-gpu-unavailable", accel.AcceleratorUnavailableError)
+def _name_gpu_unavailable(mp: pytest.MonkeyPatch) -> object:
+    _without_cuda_or_mps(mp)
+    return _registry().get_accelerator("gpu")
+
+
+@case("name-auto-none-available", accel.AcceleratorUnavailableError)
+def _name_auto_none_available(mp: pytest.MonkeyPatch) -> object:
+    unavailable = _plugin(is_available=lambda self: accel.Availability(False, reason="no chip"))
+    return _registry(unavailable, builtins=False).get_accelerator("auto")
+
+
+# Device indices ------------------------------------------------------------------
+
+
+@case("index-beyond-count", accel.AcceleratorUnavailableError)
+def _index_beyond_count(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("cpu:1")
+
+
+@case("index-not-a-number", ValueError)
+def _index_not_a_number(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("cpu:x")
+
+
+@case("index-negative", ValueError)
+def _index_negative(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("cpu:-1")
+
+
+@case("index-missing", ValueError)
+def _index_missing(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("cpu:")
+
+
+@case("index-twice", ValueError)
+def _index_twice(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("cpu:0:1")
+
+
+@case("index-non-ascii-digit", ValueError)
+def _index_non_ascii_digit(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("cpu:²")
+
+
+@case("index-on-auto", ValueError)
+def _index_on_auto(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("auto:0")
+
+
+# Environment variables -----------------------------------------------------------
+
+
+@case("env-unknown", accel.AcceleratorNotFoundError)
+def _env_unknown(mp: pytest.MonkeyPatch) -> object:
+    mp.setenv("ACCEL_ACCELERATOR", "quantum")
+    return _registry().get_accelerator()
+
+
+@case("env-malformed", ValueError)
+def _env_malformed(mp: pytest.MonkeyPatch) -> object:
+    mp.setenv("ACCEL_ACCELERATOR", "cpu:x")
+    return _registry().get_accelerator()
+
+
+@case("env-index-beyond-count", accel.AcceleratorUnavailableError)
+def _env_index_beyond_count(mp: pytest.MonkeyPatch) -> object:
+    mp.setenv("ACCEL_ACCELERATOR", "cpu:3")
+    return _registry().get_accelerator()
+
+
+@case("env-unavailable", accel.AcceleratorUnavailableError)
+def _env_unavailable(mp: pytest.MonkeyPatch) -> object:
+    _without_cuda_or_mps(mp)
+    mp.setenv("ACCEL_ACCELERATOR", "cuda")
+    return _registry().get_accelerator()
+
+
+@case("env-blank", None)
+def _env_blank(mp: pytest.MonkeyPatch) -> object:
+    registry = _registry()
+    auto = registry.get_accelerator("auto").name
+    mp.setenv("ACCEL_ACCELERATOR", "  ")
+    assert registry.get_accelerator().name == auto
+    return None
+
+
+@case("env-plugins-unknown", accel.PluginWarning)
+def _env_plugins_unknown(mp: pytest.MonkeyPatch) -> object:
+    assert "fake" in _entry_point_registry(mp, _fake_entry_point()).names()
+    mp.setenv("ACCEL_PLUGINS", "nothing-installed")
+    registry = _entry_point_registry(mp, _fake_entry_point())
+    names = registry.names()  # warns: the allow-list matches nothing installed
+    assert "fake" not in names
+    assert {"cpu", "cuda", "mps", "tpu"} <= set(names)
+    assert registry.plugin_failures() == []
+    return None
+
+
+@case("env-autoload-bad-value", None)
+def _env_autoload_bad_value(mp: pytest.MonkeyPatch) -> object:
+    mp.setenv("ACCEL_DISABLE_PLUGIN_AUTOLOAD", "1")
+    assert "fake" not in _entry_point_registry(mp, _fake_entry_point()).names()
+    mp.setenv("ACCEL_DISABLE_PLUGIN_AUTOLOAD", "maybe")
+    assert "fake" in _entry_point_registry(mp, _fake_entry_point()).names()
+    return None
+
+
+# Arguments -----------------------------------------------------------------------
+
+
+@case("arg-tie-check", ValueError)
+def _arg_tie_check(mp: pytest.MonkeyPatch) -> object:
+    acc = _registry().get_accelerator("cpu")
+    with pytest.raises(ValueError, match="got 'sometimes'"):
+        acc.tie_check = "sometimes"  # type: ignore[assignment]
+    return _registry().get_accelerator("cpu", tie_check="sometimes")  # type: ignore[arg-type]
+
+
+@case("arg-model-tensor", TypeError)
+def _arg_model_tensor(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("cpu").model_to_device(torch.zeros(2))  # type: ignore[type-var]
+
+
+@case("arg-model-dict", TypeError)
+def _arg_model_dict(mp: pytest.MonkeyPatch) -> object:
+    model = {"encoder": nn.Linear(2, 2)}
+    return _registry().get_accelerator("cpu").model_to_device(model)  # type: ignore[type-var]
+
+
+@case("arg-optimizer-str", TypeError)
+def _arg_optimizer_str(mp: pytest.MonkeyPatch) -> object:
+    acc = _registry().get_accelerator("cpu")
+    return acc.model_to_device(nn.Linear(2, 2), optimizer="adam")  # type: ignore[arg-type]
+
+
+@case("arg-optimizer-int", TypeError)
+def _arg_optimizer_int(mp: pytest.MonkeyPatch) -> object:
+    acc = _registry().get_accelerator("cpu")
+    return acc.model_to_device(nn.Linear(2, 2), optimizer=3)  # type: ignore[arg-type]
+
+
+@case("arg-optimizer-module", TypeError)
+def _arg_optimizer_module(mp: pytest.MonkeyPatch) -> object:
+    model = nn.Linear(2, 2)
+    acc = _registry().get_accelerator("cpu")
+    return acc.model_to_device(model, optimizer=model)  # type: ignore[arg-type]
+
+
+@case("arg-optimizer-list-of-junk", TypeError)
+def _arg_optimizer_list_of_junk(mp: pytest.MonkeyPatch) -> object:
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc = _registry().get_accelerator("cpu")
+    return acc.model_to_device(model, optimizer=[optimizer, "sgd"])  # type: ignore[list-item]
+
+
+# Batches -------------------------------------------------------------------------
+
+
+@case("batch-list-contains-itself", ValueError)
+def _batch_list_contains_itself(mp: pytest.MonkeyPatch) -> object:
+    batch: list[Any] = [torch.zeros(1)]
+    batch.append(batch)
+    return _registry().get_accelerator("cpu").batch_to_device(batch)
+
+
+@case("batch-dict-contains-itself", ValueError)
+def _batch_dict_contains_itself(mp: pytest.MonkeyPatch) -> object:
+    batch: dict[str, Any] = {"x": torch.zeros(1)}
+    batch["self"] = batch
+    return _registry().get_accelerator("cpu").batch_to_device(batch)
+
+
+@case("batch-too-deep", ValueError)
+def _batch_too_deep(mp: pytest.MonkeyPatch) -> object:
+    batch: Any = torch.zeros(1)
+    for _ in range(2 * sys.getrecursionlimit()):
+        batch = [batch]
+    return _registry().get_accelerator("cpu").batch_to_device(batch)
+
+
+class Pair(tuple[Any, ...]):
+    """A tuple subclass whose constructor takes the items, not an iterable of them."""
+
+    def __new__(cls, first: object, second: object) -> Pair:
+        return super().__new__(cls, (first, second))
+
+
+@case("batch-unrebuildable-container", TypeError)
+def _batch_unrebuildable_container(mp: pytest.MonkeyPatch) -> object:
+    return _registry().get_accelerator("cpu").batch_to_device(Pair(torch.zeros(1), 1))
+
+
+# Plugins: registration -------------------------------------------------------------
+
+
+@case("plugin-unknown-hook", accel.PluginError)
+def _plugin_unknown_hook(mp: pytest.MonkeyPatch) -> object:
+    return _registry(_plugin(model_to_devcie=lambda self, model: model))
+
+
+@case("plugin-hook-extra-argument", accel.PluginError)
+def _plugin_hook_extra_argument(mp: pytest.MonkeyPatch) -> object:
+    return _registry(_plugin(is_available=lambda self, verbose: accel.Availability(True)))
+
+
+@case("plugin-unhashable", accel.PluginError)
+def _plugin_unhashable(mp: pytest.MonkeyPatch) -> object:
+    plugin = _plugin()
+    type(plugin).__hash__ = None  # type: ignore[assignment]
+    return _registry(plugin)
+
+
+class Forgotten:
+    """A would-be plugin whose methods lack @accel.hookimpl."""
+
+    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+        return [accel.AcceleratorSpec("npu")]
+
+    def is_available(self) -> accel.Availability:
+        return accel.Availability(True)
+
+
+@case("plugin-no-hooks", accel.PluginError)
+def _plugin_no_hooks(mp: pytest.MonkeyPatch) -> object:
+    return _registry(Forgotten())
+
+
+@case("plugin-registered-twice", accel.PluginError)
+def _plugin_registered_twice(mp: pytest.MonkeyPatch) -> object:
+    plugin = _plugin()
+    registry = _registry(plugin)
+    registry.register(plugin)
+    return registry
+
+
+@case("plugin-unregister-unknown", accel.PluginError)
+def _plugin_unregister_unknown(mp: pytest.MonkeyPatch) -> object:
+    registry = _registry()
+    registry.unregister(_plugin())
+    return registry
+
+
+@case("plugin-specs-junk", accel.PluginError)
+def _plugin_specs_junk(mp: pytest.MonkeyPatch) -> object:
+    return _registry(_plugin(register_accelerators=lambda self: ["npu"]))
+
+
+@case("plugin-specs-raise", accel.PluginError)
+def _plugin_specs_raise(mp: pytest.MonkeyPatch) -> object:
+    return _registry(_plugin(register_accelerators=lambda self: _raise(KeyError("npu"))))
+
+
+@case("plugin-specs-twice", accel.PluginError)
+def _plugin_specs_twice(mp: pytest.MonkeyPatch) -> object:
+    specs = [accel.AcceleratorSpec("npu"), accel.AcceleratorSpec("NPU")]
+    return _registry(_plugin(register_accelerators=lambda self: specs))
+
+
+@case("plugin-claims-auto", accel.PluginError)
+def _plugin_claims_auto(mp: pytest.MonkeyPatch) -> object:
+    with pytest.raises(accel.PluginError, match="'auto' is a reserved name"):
+        _registry(_plugin(register_accelerators=lambda self: accel.AcceleratorSpec("auto")))
+    spec = accel.AcceleratorSpec("npu", aliases=("auto",))
+    return _registry(_plugin(register_accelerators=lambda self: spec))
+
+
+@case("plugin-name-conflict", accel.PluginError)
+def _plugin_name_conflict(mp: pytest.MonkeyPatch) -> object:
+    return _registry(_plugin("cuda"))
+
+
+@case("plugin-alias-conflict", accel.PluginError)
+def _plugin_alias_conflict(mp: pytest.MonkeyPatch) -> object:
+    spec = accel.AcceleratorSpec("npu", aliases=("gpu",))
+    return _registry(_plugin(register_accelerators=lambda self: spec))
+
+
+# Plugins: what their hooks return ------------------------------------------------------
+
+
+@case("plugin-available-bool", accel.AcceleratorUnavailableError)
+def _plugin_available_bool(mp: pytest.MonkeyPatch) -> object:
+    registry = _registry(_plugin(is_available=lambda self: True))
+    info = _listed(registry, "npu")
+    assert not info.available
+    assert "returned bool (True)" in info.reason
+    assert registry.get_accelerator("auto").name != "npu"
+    return registry.get_accelerator("npu")
+
+
+@case("plugin-available-raises", accel.AcceleratorUnavailableError)
+def _plugin_available_raises(mp: pytest.MonkeyPatch) -> object:
+    registry = _registry(_plugin(is_available=lambda self: _raise(OSError("driver on fire"))))
+    info = _listed(registry, "npu")
+    assert not info.available
+    assert info.reason == "probing it failed: OSError: driver on fire"
+    return registry.get_accelerator("npu")
+
+
+@case("plugin-available-missing", accel.AcceleratorUnavailableError)
+def _plugin_available_missing(mp: pytest.MonkeyPatch) -> object:
+    return _registry(_plugin(is_available=None)).get_accelerator("npu")
+
+
+@case("plugin-count-str", accel.PluginError)
+def _plugin_count_str(mp: pytest.MonkeyPatch) -> object:
+    return _registry(_plugin(device_count=lambda self: "2")).get_accelerator("npu")
+
+
+@case("plugin-count-bool", accel.PluginError)
+def _plugin_count_bool(mp: pytest.MonkeyPatch) -> object:
+    return _registry(_plugin(device_count=lambda self: True)).get_accelerator("npu")
+
+
+@case("plugin-count-negative", accel.PluginError)
+def _plugin_count_negative(mp: pytest.MonkeyPatch) -> object:
+    return _registry(_plugin(device_count=lambda self: -1)).get_accelerator("npu")
+
+
+@case("plugin-count-raises", OSError, needs_notes=True)
+def _plugin_count_raises(mp: pytest.MonkeyPatch) -> object:
+    registry = _registry(_plugin(device_count=lambda self: _raise(OSError("smi gone"))))
+    info = _listed(registry, "npu")
+    assert not info.available
+    assert info.reason == "device_count failed: OSError: smi gone"
+    return registry.get_accelerator("npu")
+
+
+@case("plugin-get-device-str", accel.PluginError)
+def _plugin_get_device_str(mp: pytest.MonkeyPatch) -> object:
+    return _registry(_plugin(get_device=lambda self: "npu:0")).get_accelerator("npu")
+
+
+@case("plugin-get-device-missing", accel.PluginError)
+def _plugin_get_device_missing(mp: pytest.MonkeyPatch) -> object:
+    return _registry(_plugin(get_device=None)).get_accelerator("npu")
+
+
+@case("plugin-backend-int", accel.PluginError)
+def _plugin_backend_int(mp: pytest.MonkeyPatch) -> object:
+    acc = _registry(_plugin(distributed_backend=lambda self: 3)).get_accelerator("npu")
+    return acc.distributed_backend
+
+
+@case("plugin-move-returns-junk", accel.PluginError)
+def _plugin_move_returns_junk(mp: pytest.MonkeyPatch) -> object:
+    acc = _registry(_plugin(model_to_device=lambda self: "moved")).get_accelerator("npu")
+    return acc.model_to_device(nn.Linear(2, 2))
+
+
+@case("plugin-hook-raises-at-move", RuntimeError, needs_notes=True)
+def _plugin_hook_raises_at_move(mp: pytest.MonkeyPatch) -> object:
+    failing = _plugin(post_move_hook=lambda self: _raise(RuntimeError("validation failed")))
+    acc = _registry(failing).get_accelerator("npu")
+    model = nn.Linear(2, 2)
+    weight = model.weight
+    try:
+        return acc.model_to_device(model)
+    finally:
+        assert model.weight is weight  # restored: the same Parameter in its slot
+
+
+@case("plugin-entry-point-broken", accel.PluginWarning)
+def _plugin_entry_point_broken(mp: pytest.MonkeyPatch) -> object:
+    registry = _entry_point_registry(mp, _broken_entry_point(), _fake_entry_point())
+    try:
+        return registry.list_accelerators()
+    finally:
+        assert "fake" in registry.names()  # the others still load
+        info = _listed(registry, "broken")
+        assert not info.available and "ModuleNotFoundError" in info.reason
+
+
+@case("plugin-entry-point-broken-selected", accel.AcceleratorNotFoundError)
+def _plugin_entry_point_broken_selected(mp: pytest.MonkeyPatch) -> object:
+    registry = _entry_point_registry(mp, _broken_entry_point())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", accel.PluginWarning)
+        return registry.get_accelerator("broken")
+
+
+# Value types plugins build ---------------------------------------------------------
+
+
+@case("spec-bad-name", ValueError)
+def _spec_bad_name(mp: pytest.MonkeyPatch) -> object:
+    return accel.AcceleratorSpec("my npu")
+
+
+@case("spec-name-with-index", ValueError)
+def _spec_name_with_index(mp: pytest.MonkeyPatch) -> object:
+    return accel.AcceleratorSpec("npu:0")
+
+
+@case("spec-aliases-str", TypeError)
+def _spec_aliases_str(mp: pytest.MonkeyPatch) -> object:
+    return accel.AcceleratorSpec("npu", aliases="ascend")  # type: ignore[arg-type]
+
+
+@case("spec-priority", TypeError)
+def _spec_priority(mp: pytest.MonkeyPatch) -> object:
+    return accel.AcceleratorSpec("npu", priority="high")  # type: ignore[arg-type]
+
+
+@case("spec-availability-not-bool", TypeError)
+def _spec_availability_not_bool(mp: pytest.MonkeyPatch) -> object:
+    return accel.Availability(available="yes")  # type: ignore[arg-type]
+
+
+@case("spec-availability-auto-not-bool", TypeError)
+def _spec_availability_auto_not_bool(mp: pytest.MonkeyPatch) -> object:
+    return accel.Availability(True, auto="no")  # type: ignore[arg-type]
+
+
+# TPU and torch_xla -----------------------------------------------------------------
+
+
+@case("tpu-xla-not-installed", accel.AcceleratorUnavailableError)
+def _tpu_xla_not_installed(mp: pytest.MonkeyPatch) -> object:
+    _torch_xla(mp, installed=False, pjrt="CPU")
+    return _registry().get_accelerator("tpu")
+
+
+@case("tpu-torch-xla-mismatch", accel.AcceleratorUnavailableError)
+def _tpu_torch_xla_mismatch(mp: pytest.MonkeyPatch) -> object:
+    from accel.plugins import _xla_versions
+
+    _torch_xla(mp, installed=True, pjrt="CPU")
+    fake = {"torch": "2.13.0", "torch_xla": "2.9.0"}
+    mp.setattr(_xla_versions, "version", lambda d: fake.get(d) or importlib.metadata.version(d))
+    return _registry().get_accelerator("tpu")
+
+
+@case("tpu-pjrt-unset", accel.AcceleratorUnavailableError)
+def _tpu_pjrt_unset(mp: pytest.MonkeyPatch) -> object:
+    _torch_xla(mp, installed=True, pjrt=None)
+    return _registry().get_accelerator("tpu")
+
+
+@case("tpu-pjrt-unknown", accel.AcceleratorUnavailableError)
+def _tpu_pjrt_unknown(mp: pytest.MonkeyPatch) -> object:
+    _torch_xla(mp, installed=True, pjrt="QUANTUM")
+    return _registry().get_accelerator("tpu")
+
+
+@case("tpu-pjrt-tpu-no-hardware", accel.AcceleratorUnavailableError)
+def _tpu_pjrt_tpu_no_hardware(mp: pytest.MonkeyPatch) -> object:
+    # Importing torch_xla would fail here; the message proves it was not tried.
+    _torch_xla(mp, installed=True, pjrt="TPU")
+    return _registry().get_accelerator("xla")
+
+
+@case("tpu-xla-import-fails", accel.AcceleratorUnavailableError)
+def _tpu_xla_import_fails(mp: pytest.MonkeyPatch) -> object:
+    _torch_xla(mp, installed=True, pjrt="CPU")
+    return _registry().get_accelerator("tpu")
+
+
+@case("tpu-tie-broken-by-model", accel.WeightTyingError)
+def _tpu_tie_broken_by_model(mp: pytest.MonkeyPatch) -> object:
+    # The real TPU plugin's hooks, moving to `meta`, which unties exactly like XLA.
+    acc = _registry(MetaTpuPlugin(), builtins=False).get_accelerator("tpu")
+    model = UntiesOnPurpose()
+    assert isinstance(model, TiedLM) and model.head.weight is model.embed.weight
+    return acc.model_to_device(model)
+
+
+@case("tpu-tie-appeared-by-model", accel.WeightTyingError)
+def _tpu_tie_appeared_by_model(mp: pytest.MonkeyPatch) -> object:
+    from helpers.models import TiesOnTieWeights
+
+    acc = _registry(MetaTpuPlugin(), builtins=False).get_accelerator("tpu")
+    model = TiesOnTieWeights()
+    assert model.head.weight is not model.embed.weight  # untied before the move
+    head = model.head.weight
+    try:
+        return acc.model_to_device(model)
+    finally:
+        assert model.head.weight is head  # restored: the head keeps its own weight
+
+
+# -- the tests -------------------------------------------------------------------------
+
+
+def _params() -> list[Any]:
+    params = []
+    for item in CASES.values():
+        marks = []
+        if item.bug is not None:
+            marks.append(pytest.mark.xfail(strict=True, reason=f"bug: {item.bug}"))
+        if item.needs_notes:
+            marks.append(
+                pytest.mark.skipif(
+                    sys.version_info < (3, 11), reason="exception notes need Python 3.11"
+                )
+            )
+        params.append(pytest.param(item, id=item.id, marks=marks))
+    return params
+
+
+def test_the_table_and_the_cases_have_the_same_ids() -> None:
+    documented = set(doc_rows())
+    tested = set(CASES)
+    assert documented - tested == set(), "rows in docs/errors.md without a case here"
+    assert tested - documented == set(), "cases here without a row in docs/errors.md"
+
+
+def test_the_table_is_well_formed() -> None:
+    rows = doc_rows()
+    assert len(rows) >= 30
+    for row in rows.values():
+        assert SLUG.match(row.id), f"ID {row.id!r} is not a short slug"
+        if row.is_error:
+            assert row.error_type, f"{row.id}: the Error column names no exception"
+            assert row.fragments, f"{row.id}: Message says quotes nothing"
+        else:
+            assert row.message == NOT_AN_ERROR, f"{row.id}: not an error, so no message"
+
+
+def test_the_known_gaps_are_the_expected_failures() -> None:
+    assert doc_known_gaps() == {item.id for item in CASES.values() if item.bug is not None}
+
+
+def _as_printed(exc: BaseException) -> str:
+    """The message and the notes, as a traceback shows them."""
+    return "\n".join([str(exc), *getattr(exc, "__notes__", [])])
+
+
+@pytest.mark.parametrize("item", _params())
+def test_bad_input(item: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    row = doc_rows().get(item.id)
+    if row is None:
+        pytest.fail(f"{item.id} has no row in docs/errors.md")
+    expected = item.expected
+    documented = row.error_type
+    assert documented == (expected.__name__ if expected else None), (
+        f"{item.id}: docs/errors.md says {row.error!r}, the case expects {expected}"
+    )
+
+    if expected is None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            item.trigger(monkeypatch)
+        assert not [w for w in caught if issubclass(w.category, accel.PluginWarning)]
+        return
+
+    if issubclass(expected, Warning):
+        with pytest.warns(expected) as record:
+            item.trigger(monkeypatch)
+        texts = [str(w.message) for w in record if issubclass(w.category, expected)]
+        for fragment in row.fragments:
+            assert any(fragment in text for text in texts), (
+                f"{item.id}: no {expected.__name__} says {fragment!r}; got {texts}"
+            )
+        return
+
+    with pytest.raises(expected) as info:
+        item.trigger(monkeypatch)
+    printed = _as_printed(info.value)
+    for fragment in row.fragments:
+        assert fragment in printed, f"{item.id}: message lacks {fragment!r}:\n{printed}"

@@ -1,0 +1,215 @@
+"""The code blocks of README.md and docs/*.md, with their ``doc-test`` directives.
+
+The convention is documented for contributors in docs/contributing.md: an HTML comment
+on the last non-blank line before a fenced block (invisible on the site and on GitHub)
+says how the block is tested::
+
+    <!-- doc-test: skip (needs two CUDA GPUs) -->
+    <!-- doc-test: given model, optimizer -->
+    <!-- doc-test: xla; continue; given xla_device -->
+
+Blocks tagged ``python`` or ``pycon`` run (in the main tier unless marked ``xla``);
+every fenced block must name its language, so that no Python slips through untagged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RUNNABLE = frozenset({"python", "pycon"})
+
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
+_DIRECTIVE = re.compile(r"^\s*<!--\s*doc-test\s*:(?P<body>.*?)-->\s*$")
+_SNIPPET = re.compile(r'^\s*--8<--\s+"(?P<path>[^"]+)"\s*$')
+_SKIP = re.compile(r"^skip\s*\((?P<reason>.*)\)$")
+
+
+def display(path: Path) -> str:
+    """The path as messages show it: relative to the repository where it is inside it."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def doc_pages() -> list[Path]:
+    """README.md and every page under docs/: new pages are picked up as they appear."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]
+
+
+@dataclass
+class Block:
+    """One fenced block, its code with snippets expanded, and how it is to be tested."""
+
+    page: Path
+    line: int  # 1-based line of the opening fence
+    language: str
+    code: str
+    skip: str | None = None
+    xla: bool = False
+    continues: bool = False
+    givens: list[str] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        return f"{display(self.page)}:{self.line}"
+
+
+@dataclass
+class Page:
+    blocks: list[Block]
+    #: Malformed directives and untagged fences, each with its location.
+    problems: list[str]
+
+
+def parse_page(path: Path) -> Page:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    name = display(path)
+    blocks: list[Block] = []
+    problems: list[str] = []
+    pending: tuple[int, str] | None = None  # a directive waiting for its block
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        directive = _DIRECTIVE.match(line)
+        opening = _FENCE.match(line)
+        if directive:
+            if pending:
+                problems.append(f"{name}:{pending[0]}: doc-test directive without a block")
+            pending = (index + 1, directive["body"].strip())
+        elif "doc-test" in line and line.lstrip().startswith("<!--"):
+            problems.append(f"{name}:{index + 1}: write '<!-- doc-test: ... -->' on one line")
+        elif opening:
+            end = _closing_fence(lines, index, opening["fence"])
+            language = opening["info"].split()[0] if opening["info"].split() else ""
+            if not language:
+                problems.append(f"{name}:{index + 1}: fenced block without a language")
+            indent = len(opening["indent"])
+            body = [text[indent:] for text in lines[index + 1 : end]]
+            block = Block(path, index + 1, language, _expand_snippets(body, problems, name))
+            if pending:
+                _apply(pending[1], block, problems, f"{name}:{pending[0]}")
+                if language not in RUNNABLE:
+                    problems.append(f"{name}:{pending[0]}: directive on a {language!r} block")
+            pending = None
+            blocks.append(block)
+            index = end
+        elif line.strip() and pending:
+            problems.append(f"{name}:{pending[0]}: doc-test directive not right before a block")
+            pending = None
+        index += 1
+    if pending:
+        problems.append(f"{name}:{pending[0]}: doc-test directive without a block")
+    _check_chains([b for b in blocks if b.language in RUNNABLE], problems)
+    return Page(blocks, problems)
+
+
+def _closing_fence(lines: list[str], start: int, fence: str) -> int:
+    for index in range(start + 1, len(lines)):
+        stripped = lines[index].strip()
+        if stripped.startswith(fence) and set(stripped) == {fence[0]}:
+            return index
+    return len(lines)
+
+
+def _expand_snippets(body: list[str], problems: list[str], name: str) -> str:
+    """``--8<-- "path"`` lines, as MkDocs' snippets extension expands them."""
+    expanded: list[str] = []
+    for text in body:
+        snippet = _SNIPPET.match(text)
+        if snippet is None:
+            expanded.append(text)
+            continue
+        # "path:section" takes the lines between `--8<-- [start:section]` and
+        # `--8<-- [end:section]` in that file, as the snippets extension does.
+        relative, _, section = snippet["path"].partition(":")
+        path = REPO / relative
+        if not path.is_file():
+            problems.append(f"{name}: snippet {relative!r} does not exist")
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if section:
+            starts = [i for i, line in enumerate(lines) if f"[start:{section}]" in line]
+            ends = [i for i, line in enumerate(lines) if f"[end:{section}]" in line]
+            if not starts or not ends:
+                problems.append(f"{name}: {relative!r} has no snippet section {section!r}")
+                continue
+            lines = lines[starts[0] + 1 : ends[0]]
+        expanded.extend(lines)
+    return "\n".join(expanded) + "\n"
+
+
+def _apply(body: str, block: Block, problems: list[str], where: str) -> None:
+    # ";" separates directives, except inside a skip's (reason).
+    for part in (p.strip() for p in re.split(r";(?![^(]*\))", body)):
+        skip = _SKIP.match(part)
+        if skip:
+            if not skip["reason"].strip():
+                problems.append(f"{where}: 'skip' needs a reason: skip (why)")
+            block.skip = skip["reason"].strip()
+        elif part == "xla":
+            block.xla = True
+        elif part == "continue":
+            block.continues = True
+        elif part.startswith("given "):
+            block.givens += [n.strip() for n in part[len("given ") :].split(",") if n.strip()]
+        else:
+            problems.append(
+                f"{where}: unknown doc-test directive {part!r}; use skip (reason), xla, "
+                f"continue or given NAME, ..."
+            )
+
+
+def _check_chains(blocks: list[Block], problems: list[str]) -> None:
+    for previous, block in zip([None, *blocks][: len(blocks)], blocks, strict=True):
+        if not block.continues:
+            continue
+        if previous is None:
+            problems.append(f"{block.where}: 'continue' on the page's first runnable block")
+        elif previous.skip is not None or block.skip is not None:
+            problems.append(f"{block.where}: 'continue' and 'skip' do not mix")
+        elif previous.xla != block.xla:
+            problems.append(f"{block.where}: 'continue' across tiers (mark both 'xla' or none)")
+
+
+def chains(page: Page) -> list[list[Block]]:
+    """Runnable blocks grouped so that each ``continue`` block runs after its predecessor."""
+    grouped: list[list[Block]] = []
+    for block in page.blocks:
+        if block.language not in RUNNABLE:
+            continue
+        if block.continues and grouped:
+            grouped[-1].append(block)
+        else:
+            grouped.append([block])
+    return grouped
+
+
+@dataclass
+class Example:
+    """One ``>>>`` statement of a pycon block and the output the page shows for it."""
+
+    source: str
+    expected: str
+
+
+def pycon_examples(code: str) -> list[Example]:
+    examples: list[Example] = []
+    for line in code.splitlines():
+        if line.startswith(">>>"):
+            examples.append(Example(line[4:] + "\n", ""))
+        elif line.startswith("...") and examples and not examples[-1].expected:
+            examples[-1].source += line[4:] + "\n"
+        elif examples:
+            examples[-1].expected += line + "\n"
+    return examples
+
+
+def output_matches(expected: str, got: str) -> bool:
+    """Equal up to whitespace (wrapped lines), where ``...`` in ``expected`` matches anything."""
+    lines = expected.strip().splitlines()
+    if lines and lines[0].startswith("Traceback (most recent call last):"):
+        lines = [line for line in lines[1:] if not line.startswith((" ", "\t"))]
+    pieces = [re.escape(" ".join(piece.split())) for piece in " ".join(lines).split("...")]
+    pattern = r"\s*.*?\s*".join(pieces)
+    return re.fullmatch(pattern, " ".join(got.split()), flags=re.DOTALL) is not None

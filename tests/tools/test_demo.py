@@ -1,0 +1,67 @@
+"""The demo trains with device_loader and optimizer_step and reports its step time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import accel
+from accel.tools.demo import run_demo
+from helpers.training_fakes import BareAccelerator, registry_with
+
+
+def test_the_demo_trains_and_times_every_step() -> None:
+    lines: list[str] = []
+    report = run_demo(
+        "cpu", steps=7, registry=accel.AcceleratorRegistry(entry_points=None), echo=lines.append
+    )
+    assert len(report.losses) == 7  # past one pass over the data
+    assert report.losses[-1] < report.losses[0] / 2
+    assert 0 < report.seconds_per_step < 10
+    timing = next(line for line in lines if line.startswith("time per step: "))
+    assert timing.split()[4] == "ms"
+    assert lines[-1] == "ties still held after training: yes"
+
+
+def _demo_on_tpu(steps: int) -> list[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "accel", "demo", "--accelerator", "tpu", "--steps", str(steps)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+@pytest.mark.xla
+def test_the_tpu_demo_compiles_the_same_graphs_whatever_the_steps() -> None:
+    def graphs(lines: list[str]) -> int:
+        line = next(line for line in lines if line.startswith("XLA graphs compiled: "))
+        return int(line.split()[3])
+
+    short, long = _demo_on_tpu(3), _demo_on_tpu(25)
+    assert graphs(short) == graphs(long) <= 3
+    assert any(line.startswith("time per step: ") for line in long)
+    assert "step  25  loss" in "\n".join(long)
+
+
+def test_the_docs_loop_runs_unchanged_on_the_cpu_and_a_third_party_accelerator(
+    tmp_path: Path,
+) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    try:
+        from training_loop import train
+    finally:
+        sys.path.pop(0)
+    registry = registry_with(BareAccelerator())
+    on_cpu = train(registry.get_accelerator("cpu"), 20, checkpoint=str(tmp_path / "cpu.pt"))
+    on_bare = train(registry.get_accelerator("bare"), 20, checkpoint=str(tmp_path / "bare.pt"))
+    assert on_cpu == on_bare and on_cpu[-1] < on_cpu[0] / 5
+    saved = torch.load(tmp_path / "bare.pt")
+    assert set(saved) == {"model", "optimizer"} and saved["optimizer"]["state"]
