@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
+from accel._core.notes import add_note
 from accel._core.transaction import RestorePoint
-from accel.errors import PluginError
+from accel.training._checkpoint_methods import CheckpointMethods
 from accel.training.batch import move_batch
 from accel.types import AcceleratorSpec, MoveContext, TieCheck, checked_tie_check
 
@@ -16,27 +15,23 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from accel._core.dispatch import AcceleratorHooks
-    from accel.training.device_loader import DeviceLoader
-    from accel.training.memory import MemoryStats
+    from accel._core.hooks import AcceleratorHooks
 
 __all__ = ["Accelerator"]
 
 _Model = TypeVar("_Model", bound="nn.Module")
 _Batch = TypeVar("_Batch")
-# Optimizer classes already checked: one set lookup per optimizer_step, not an isinstance
-# against a lazily imported torch class.
-_OPTIMIZER_CLASSES: set[type] = set()
 
 
 @final
-class Accelerator:
+class Accelerator(CheckpointMethods):
     """One selected accelerator and device: moves models and batches there.
 
     Obtain it from :func:`accel.get_accelerator` or
     :meth:`AcceleratorRegistry.get_accelerator`; every operation runs the hooks of
     this accelerator's plugin and of cross-cutting plugins, never another
-    accelerator's.
+    accelerator's. The training-step and checkpoint methods are inherited from
+    ``accel/training/`` (they are the handle's all the same).
     """
 
     __slots__ = ("_hooks", "_tie_check", "device", "index", "spec")
@@ -105,7 +100,7 @@ class Accelerator:
     @property
     def distributed_backend(self) -> str:
         """The :mod:`torch.distributed` backend for this accelerator, e.g. ``"nccl"``."""
-        return self._hooks.query("distributed_backend", str)
+        return self._hooks.distributed_backend()
 
     def model_to_device(
         self,
@@ -142,29 +137,21 @@ class Accelerator:
         optimizers = _as_optimizer_list(optimizer)
         restore_point = RestorePoint(model)
         context = MoveContext(self.name, self.device, self._tie_check)
-        hook_args: dict[str, Any] = {"model": model, "device": self.device, "context": context}
         try:
-            self._hooks.call("pre_move_hook", **hook_args)
-            moved = self._hooks.call("model_to_device", **hook_args)
-            if not isinstance(moved, nn.Module):
-                raise PluginError(
-                    f"hook 'model_to_device' for accelerator {self.name!r} returned "
-                    f"{type(moved).__name__}, not a torch.nn.Module, from "
-                    f"{self._hooks.answerers('model_to_device')}. "
-                    f"Report this to the plugin's authors."
-                )
-            self._hooks.call("post_move_hook", model=moved, device=self.device, context=context)
+            self._hooks.pre_move_hook(model, self.device, context)
+            moved = self._hooks.model_to_device(model, self.device, context)
+            self._hooks.post_move_hook(moved, self.device, context)
             if optimizers:
                 from accel._core.optimizers import retarget_optimizers
 
                 retarget_optimizers(optimizers, restore_point, self.device)
         except BaseException as exc:
             restore_point.restore()
-            if hasattr(exc, "add_note"):
-                exc.add_note(
-                    f"accel: moving the model to {self.device} failed; the model was "
-                    "restored as it was before the move."
-                )
+            add_note(
+                exc,
+                f"accel: moving the model to {self.device} failed; the model was "
+                "restored as it was before the move.",
+            )
             raise
         return moved  # type: ignore[return-value]
 
@@ -177,168 +164,7 @@ class Accelerator:
             # No plugin moves batches differently: skip the hook machinery (a few µs
             # a call, which adds up over a training loop's small batches).
             return move_batch(batch, self.device)
-        return self._hooks.call("batch_to_device", batch=batch, device=self.device)
-
-    # -- the training step ------------------------------------------------------
-
-    def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
-    ) -> Any:
-        """Step ``optimizer`` as this accelerator needs; return what the step returns.
-
-        On XLA this reduces gradients across replicas when several processes train
-        (torch_xla's own reduction), steps, and marks the step, so a loop compiles a
-        bounded number of graphs. Elsewhere it is ``optimizer.step(closure)``.
-
-        :raises TypeError: ``optimizer`` is not a ``torch.optim.Optimizer``, or
-            ``closure`` is neither ``None`` nor callable.
-        """
-        if type(optimizer) not in _OPTIMIZER_CLASSES:
-            _check_optimizer(optimizer)
-        if closure is not None and not callable(closure):
-            raise TypeError(
-                f"optimizer_step(closure=...) expects a callable that re-evaluates the "
-                f"model and returns the loss, or None; got {type(closure).__name__}"
-            )
-        if self._hooks.only_fallback("optimizer_step"):
-            # No plugin steps differently: skip the hook machinery (a few µs a step).
-            try:
-                return optimizer.step() if closure is None else optimizer.step(closure)
-            except Exception as exc:
-                _add_note(
-                    exc,
-                    f"accel: raised in optimizer_step for accelerator {self.name!r} "
-                    f"(accel's built-in step, {type(optimizer).__name__}.step); the model "
-                    f"and optimizer are as the optimizer left them.",
-                )
-                raise
-        try:
-            return self._hooks.call(
-                "optimizer_step", optimizer=optimizer, closure=closure, device=self.device
-            )
-        except Exception as exc:
-            _add_note(
-                exc,
-                f"accel: optimizer_step for accelerator {self.name!r} failed; the model "
-                f"and optimizer are as the optimizer left them.",
-            )
-            raise
-
-    def mark_step(self) -> None:
-        """End a step: on XLA, cut the pending lazy graph and run it; elsewhere nothing."""
-        if self._hooks.only_fallback("mark_step"):
-            return
-        self._hooks.call("mark_step", device=self.device)
-
-    def synchronize(self) -> None:
-        """Block until the device has finished the work queued on it so far."""
-        if self._hooks.only_fallback("synchronize"):
-            return
-        self._hooks.call("synchronize", device=self.device)
-
-    def manual_seed(self, seed: int) -> None:
-        """Seed torch on the host and on this accelerator's devices (XLA keeps its own
-        random state), so the same seed gives the same run on this accelerator.
-
-        :raises TypeError: ``seed`` is not an int.
-        :raises ValueError: ``seed`` is outside what torch accepts.
-        """
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"manual_seed expects an int seed, got {type(seed).__name__}")
-        if not -(2**63) <= seed < 2**64:
-            raise ValueError(
-                f"manual_seed: seed {seed} is outside torch's range [-2**63, 2**64); "
-                f"reduce it, e.g. seed % 2**63"
-            )
-        self._hooks.call("manual_seed", seed=seed, device=self.device)
-
-    def autocast(self, dtype: torch.dtype | None = None) -> AbstractContextManager[Any]:
-        """A context manager running its block in mixed precision on this accelerator.
-
-        ``dtype`` defaults to the accelerator's preferred low-precision type: bfloat16
-        on TPU and CPU, on CUDA bfloat16 where the GPU supports it and float16
-        otherwise, float16 on MPS. Uses ``torch.autocast``.
-
-        :raises ValueError: the device cannot autocast to ``dtype`` (torch itself would
-            only warn and run the block in full precision).
-        """
-        context = self._hooks.call("autocast", device=self.device, dtype=dtype)
-        if not (hasattr(context, "__enter__") and hasattr(context, "__exit__")):
-            raise PluginError(
-                f"hook 'autocast' for accelerator {self.name!r} returned "
-                f"{type(context).__name__}, not a context manager, from "
-                f"{self._hooks.answerers('autocast')}. Report this to the plugin's authors."
-            )
-        return context  # type: ignore[no-any-return]
-
-    def memory_stats(self) -> MemoryStats:
-        """This device's memory: ``allocated_bytes``, ``peak_allocated_bytes``,
-        ``total_bytes``, the same keys on every accelerator; a value the runtime does not
-        report is ``None``. On the CPU: the process's resident memory and the RAM.
-        """
-        from accel.training.memory import checked_memory_stats
-
-        result = self._hooks.call("memory_stats", device=self.device)
-        return checked_memory_stats(result, self.name, self._hooks.answerers("memory_stats"))
-
-    def device_loader(self, loader: Iterable[_Batch]) -> DeviceLoader[_Batch]:
-        """Iterate ``loader``'s batches already on :attr:`device`, moved ahead of use.
-
-        XLA uses torch_xla's parallel loader (which also marks the step per batch),
-        CUDA copies the next batch from pinned memory while the current one is used,
-        the CPU yields the batches as they are. ``len()`` is the loader's, where it
-        has one; every ``for`` over the result is a new epoch.
-
-        :raises TypeError: ``loader`` is not iterable.
-        """
-        from accel.training.device_loader import DeviceLoader
-
-        if not isinstance(loader, Iterable) or isinstance(loader, (str, bytes)):
-            raise TypeError(
-                f"device_loader expects an iterable of batches (a DataLoader), got "
-                f"{type(loader).__name__}"
-            )
-        batches = self._hooks.call(
-            "device_loader", loader=loader, device=self.device, move=self.batch_to_device
-        )
-        if not isinstance(batches, Iterable):
-            raise PluginError(
-                f"hook 'device_loader' for accelerator {self.name!r} returned "
-                f"{type(batches).__name__}, not an iterable, from "
-                f"{self._hooks.answerers('device_loader')}. Report this to the plugin's "
-                f"authors."
-            )
-        return DeviceLoader(loader, batches, f"{type(loader).__name__} -> {self.device}")
-
-    def state_dict(self, model: nn.Module) -> dict[str, Any]:
-        """``model``'s state dict with every tensor on the CPU; a tensor the model holds
-        under several names (a tied weight) is one CPU tensor under all of them, so
-        ``torch.save`` stores it once and ``load_state_dict`` restores the tie.
-        """
-        from torch import nn
-
-        if not isinstance(model, nn.Module):
-            raise TypeError(
-                f"state_dict expects a torch.nn.Module, got {type(model).__name__}; use "
-                f"save() for other objects"
-            )
-        return self._hooks.query("state_dict", dict, model=model)
-
-    def save(self, obj: Any, path: str | os.PathLike[str]) -> None:
-        """Write ``obj`` to ``path`` with ``torch.save``, its tensors on the CPU (shared
-        tensors stay shared); in a distributed job only the main process writes.
-
-        Pass :meth:`state_dict`'s result, or any dict/list of tensors and values (an
-        optimizer's ``state_dict()``).
-        """
-        from accel.training.checkpoint import to_cpu
-
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(
-                f"save expects a file path (str or os.PathLike), got {type(path).__name__}"
-            )
-        self.mark_step()  # XLA: run what is pending, so tensors cross as data
-        self._hooks.call("save", obj=to_cpu(obj), path=path)
+        return self._hooks.batch_to_device(batch, self.device)
 
 
 def _mp_model_wrapper_parts(obj: object) -> tuple[nn.Module, Any] | None:
@@ -377,23 +203,3 @@ def _as_optimizer_list(
         if not isinstance(item, torch.optim.Optimizer):
             raise TypeError(f"{expected}; got an iterable containing {type(item).__name__}")
     return optimizers
-
-
-def _check_optimizer(optimizer: object) -> None:
-    import torch
-
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        hint = (
-            " (a learning-rate scheduler: pass the optimizer it schedules)"
-            if hasattr(optimizer, "get_last_lr")
-            else ""
-        )
-        raise TypeError(
-            f"optimizer_step expects a torch.optim.Optimizer, got {type(optimizer).__name__}{hint}"
-        )
-    _OPTIMIZER_CLASSES.add(type(optimizer))
-
-
-def _add_note(exc: BaseException, note: str) -> None:
-    if hasattr(exc, "add_note"):  # Python 3.11+
-        exc.add_note(note)

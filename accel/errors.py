@@ -79,6 +79,12 @@ class WeightTyingError(AcceleratorError, RuntimeError):
 class PluginError(AcceleratorError):
     """A plugin is malformed, conflicts with another, or misbehaved."""
 
+    def __init__(self, message: str, *, conflicting_names: tuple[str, ...] = ()):
+        super().__init__(message)
+        #: The accelerator names this plugin claimed that another plugin holds
+        #: (empty unless the error is such a conflict).
+        self.conflicting_names = conflicting_names
+
 
 class PluginWarning(UserWarning):
     """A plugin could not be loaded; the others keep working."""

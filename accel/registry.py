@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, NamedTuple, final
 
 from accel._core.catalog import BUILTIN_PROVIDER, Catalog, Conflict
 from accel._core.declarations import check_plugin_object, declared_specs, plugin_label
 from accel._core.dispatch import Dispatcher
 from accel._core.loading import EntryPointLoader
 from accel._core.names import PLUGINS_ENV
+from accel._core.selection import Selector
 from accel.errors import PluginError
 from accel.markers import PROJECT_NAME
 from accel.types import AcceleratorInfo, AcceleratorSpec, PluginFailure, TieCheck
@@ -26,6 +27,13 @@ if TYPE_CHECKING:
     from accel.accelerator import Accelerator
 
 __all__ = ["AcceleratorRegistry"]
+
+
+class _Loaded(NamedTuple):
+    """What a registry has once its plugins are loaded."""
+
+    dispatcher: Dispatcher
+    selector: Selector
 
 
 @final
@@ -56,7 +64,7 @@ class AcceleratorRegistry:
         self._loader = EntryPointLoader(entry_points, allowed=plugins, autoload=autoload)
         self._builtins = builtins
         self._catalog = Catalog()
-        self._dispatcher: Dispatcher | None = None
+        self._parts: _Loaded | None = None
         self._failures: list[PluginFailure] = []
         # Re-entrant: loading registers plugins, and registering makes sure loading ran.
         self._lock = threading.RLock()
@@ -72,7 +80,7 @@ class AcceleratorRegistry:
             :class:`PluginError`.
         :raises PluginError: the plugin is malformed, or a name it declares is taken.
         """
-        dispatcher = self._loaded()
+        dispatcher = self._loaded().dispatcher
         with self._lock:
             label = name or plugin_label(plugin)
             self._add(dispatcher, plugin, label, plugin_label(plugin), override=override)
@@ -82,7 +90,7 @@ class AcceleratorRegistry:
 
         Handles of its accelerators raise :class:`AcceleratorNotFoundError` from then on.
         """
-        dispatcher = self._loaded()
+        dispatcher = self._loaded().dispatcher
         with self._lock:
             if not dispatcher.is_registered(plugin):
                 raise PluginError(
@@ -110,19 +118,13 @@ class AcceleratorRegistry:
             the device index is beyond its device count.
         :raises PluginError: several installed plugins claim that name.
         """
-        from accel._core.selection import select
-
-        dispatcher = self._loaded()
-        return select(self._catalog, dispatcher, self._failures, name, tie_check)
+        return self._loaded().selector.select(name, tie_check)
 
     def list_accelerators(self) -> list[AcceleratorInfo]:
         """Every registered accelerator, available or not, in ``"auto"`` order
         (highest priority first, then by name); then plugins that failed to load,
         unavailable, with their error."""
-        from accel._core.selection import accelerator_rows
-
-        dispatcher = self._loaded()
-        return accelerator_rows(self._catalog, dispatcher, list(self._failures))
+        return self._loaded().selector.rows()
 
     def plugin_failures(self) -> list[PluginFailure]:
         """Plugins that failed to load or register, with their errors."""
@@ -136,16 +138,16 @@ class AcceleratorRegistry:
 
     # -- internals -------------------------------------------------------------------
 
-    def _loaded(self) -> Dispatcher:
-        """The dispatcher, after loading the built-ins and entry points once."""
-        dispatcher = self._dispatcher
-        if dispatcher is not None:
-            return dispatcher
+    def _loaded(self) -> _Loaded:
+        """The dispatcher and selector, after loading the built-ins and entry points once."""
+        parts = self._parts
+        if parts is not None:
+            return parts
         with self._lock:
-            if self._dispatcher is None:
-                from accel._core import fallbacks as _fallbacks
+            if self._parts is None:
+                from accel._core import fallbacks
 
-                dispatcher = Dispatcher(_fallbacks)
+                dispatcher = Dispatcher(fallbacks)
                 if self._builtins:
                     from accel.plugins import BUILTIN_PLUGINS
 
@@ -161,8 +163,10 @@ class AcceleratorRegistry:
                     )
                 )
                 # Set last: other threads wait on the lock until the registry is whole.
-                self._dispatcher = dispatcher
-            return self._dispatcher
+                self._parts = _Loaded(
+                    dispatcher, Selector(self._catalog, dispatcher, self._failures)
+                )
+            return self._parts
 
     def _add(
         self,
@@ -212,12 +216,10 @@ def _conflict_error(
 ) -> PluginError:
     holder = conflict.holder
     claimant = next(s.name for s in specs if conflict.name in (s.name, *s.aliases))
-    error = PluginError(
+    return PluginError(
         f"accelerator name {conflict.name!r} is claimed twice: by {holder.spec.name!r} from "
         f"{holder.provider} and by {claimant!r} from {provider} (plugin {label!r}). "
         f"Uninstall one of them, load only one with {PLUGINS_ENV}=..., or, registering in "
-        f"code, pass override=True to replace the existing one on purpose."
+        f"code, pass override=True to replace the existing one on purpose.",
+        conflicting_names=(conflict.name,),
     )
-    # Read by the loader into PluginFailure.conflicting_names.
-    error.conflicting_names = (conflict.name,)  # type: ignore[attr-defined]
-    return error

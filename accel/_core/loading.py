@@ -22,7 +22,7 @@ from accel._core.names import (
     env_flag,
     normalize_distribution_name,
 )
-from accel.errors import PluginWarning
+from accel.errors import PluginError, PluginWarning
 from accel.types import PluginFailure
 
 __all__ = ["EntryPointLoader"]
@@ -105,7 +105,7 @@ def _normalised_set(names: Iterable[str]) -> set[str]:
 
 def _failure(name: str, provider: str, exc: BaseException) -> PluginFailure:
     error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-    conflicting = getattr(exc, "conflicting_names", ())
+    conflicting = exc.conflicting_names if isinstance(exc, PluginError) else ()
     warnings.warn(
         f"accel plugin {name!r} from {provider} failed to load and was skipped ({error}); "
         f"the other accelerators still work. Fix or uninstall it, or {_SKIP_HINT}.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Final
 
+from accel._core.notes import add_note
 from accel.distributed._backends import device_backends
 from accel.distributed._errors import DistributedSetupError
 from accel.errors import AcceleratorError
@@ -73,12 +74,12 @@ def local_accelerator(
     try:
         return acc.for_index(index)
     except AcceleratorError as exc:
-        if hasattr(exc, "add_note"):
-            exc.add_note(
-                f"accel.distributed: every worker on a machine needs its own {acc.name} "
-                f"device; start no more processes per machine (--nproc-per-node) than it "
-                f"has devices, or give each worker its own with CUDA_VISIBLE_DEVICES."
-            )
+        add_note(
+            exc,
+            f"accel.distributed: every worker on a machine needs its own {acc.name} "
+            f"device; start no more processes per machine (--nproc-per-node) than it "
+            f"has devices, or give each worker its own with CUDA_VISIBLE_DEVICES.",
+        )
         raise
 
 

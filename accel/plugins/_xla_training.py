@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from accel._core.notes import add_note
 from accel.markers import hookimpl
 
 if TYPE_CHECKING:
@@ -158,11 +159,11 @@ class XlaLoader:
                 torch_xla.sync()
                 loop.owed = False
         if source.error is not None:
-            if hasattr(source.error, "add_note"):  # Python 3.11+
-                source.error.add_note(
-                    f"accel: raised by the loader after {source.count} batches, in "
-                    f"torch_xla's loader thread; the batches before it were used."
-                )
+            add_note(
+                source.error,
+                f"accel: raised by the loader after {source.count} batches, in "
+                f"torch_xla's loader thread; the batches before it were used.",
+            )
             raise source.error
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from accel._core.notes import add_note
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -156,12 +158,13 @@ def _backward(loss: torch.Tensor, accelerator: str) -> None:
     try:
         loss.backward()  # type: ignore[no-untyped-call]
     except RuntimeError as exc:
-        if "device_ready_queues_" in str(exc) and hasattr(exc, "add_note"):
-            exc.add_note(
+        if "device_ready_queues_" in str(exc):
+            add_note(
+                exc,
                 f"accel: on {accelerator!r} this is torch_xla's known failure after a "
                 f"backward() ran on the CPU before the XLA runtime started in this "
                 f"process. Select the XLA accelerator (accel.get_accelerator('tpu')) "
-                f"before any CPU training, or train on XLA in a process of its own."
+                f"before any CPU training, or train on XLA in a process of its own.",
             )
         raise
 

@@ -11,9 +11,7 @@ import os
 import sys
 from typing import Final, TypedDict
 
-from accel.errors import PluginError
-
-__all__ = ["MEMORY_KEYS", "MemoryStats", "checked_memory_stats", "host_memory_stats", "unknown"]
+__all__ = ["MEMORY_KEYS", "MemoryStats", "host_memory_stats", "memory_stats_problem", "unknown"]
 
 
 class MemoryStats(TypedDict):
@@ -47,32 +45,26 @@ def host_memory_stats() -> MemoryStats:
     )
 
 
-def checked_memory_stats(result: object, accelerator: str, answerer: str) -> MemoryStats:
-    """``result`` as :class:`MemoryStats`, or a :class:`PluginError` naming ``answerer``."""
-    problem = None
+def memory_stats_problem(result: object) -> str | None:
+    """What keeps ``result`` (a ``memory_stats`` hook's answer) from being
+    :class:`MemoryStats`, or ``None`` when it is one."""
     if not isinstance(result, dict):
-        problem = f"returned {type(result).__name__} ({result!r}), not a dict"
-    elif set(result) != set(MEMORY_KEYS):
-        problem = f"returned keys {sorted(map(str, result))}, expected {list(MEMORY_KEYS)}"
-    else:
-        bad = {
-            key: value
-            for key, value in result.items()
-            if value is not None
-            and (isinstance(value, bool) or not isinstance(value, int) or value < 0)
-        }
-        if bad:
-            problem = f"returned {bad!r}; each value must be an int >= 0 or None"
-    if problem is not None:
-        raise PluginError(
-            f"hook 'memory_stats' for accelerator {accelerator!r} {problem}, from "
-            f"{answerer}. Report this to the plugin's authors."
-        )
-    return MemoryStats(
-        allocated_bytes=result["allocated_bytes"],  # type: ignore[index]
-        peak_allocated_bytes=result["peak_allocated_bytes"],  # type: ignore[index]
-        total_bytes=result["total_bytes"],  # type: ignore[index]
-    )
+        return f"returned {type(result).__name__} ({result!r}), not a dict"
+    if set(result) != set(MEMORY_KEYS):
+        return f"returned keys {sorted(map(str, result))}, expected {list(MEMORY_KEYS)}"
+    bad = {
+        key: value
+        for key, value in result.items()
+        if value is not None
+        and (isinstance(value, bool) or not isinstance(value, int) or value < 0)
+    }
+    if bad:
+        return f"returned {bad!r}; each value must be an int >= 0 or None"
+    return None
+
+
+def _is_byte_count(value: object) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
 def _resident_bytes() -> int | None:

@@ -209,6 +209,39 @@ def test_one_provider_may_share_an_alias_among_its_accelerators() -> None:
     assert registry.get_accelerator("chip").name == "chip-b"  # a is down: the alias falls to b
 
 
+def test_a_bad_result_is_blamed_without_calling_any_implementation_again() -> None:
+    calls: list[str] = []
+
+    def state_dict_as_a_list(model: torch.nn.Module) -> Any:
+        calls.append("plugin")
+        return list(model.state_dict().values())
+
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(_accelerator_plugin(state_dict=state_dict_as_a_list), name="listy")
+    with pytest.raises(accel.PluginError) as info:
+        registry.get_accelerator("npu").state_dict(torch.nn.Linear(2, 2))
+    assert calls == ["plugin"]  # once: finding the culprit re-runs nothing
+    assert "hook 'state_dict'" in str(info.value) and "plugin 'listy'" in str(info.value)
+
+
+def test_a_wrapper_among_the_implementations_leaves_the_call_to_pluggy() -> None:
+    order: list[str] = []
+
+    class Wrapping:
+        @accel.hookimpl(wrapper=True)
+        def batch_to_device(self, batch: Any) -> Any:
+            order.append("wrapper in")
+            result = yield
+            order.append("wrapper out")
+            return {"wrapped": result}
+
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(Wrapping(), name="wrapping")
+    moved = registry.get_accelerator("cpu").batch_to_device({"x": torch.ones(1)})
+    assert order == ["wrapper in", "wrapper out"]
+    assert set(moved) == {"wrapped"} and torch.equal(moved["wrapped"]["x"], torch.ones(1))
+
+
 # -- failures at call time ----------------------------------------------------------
 
 

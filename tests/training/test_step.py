@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import accel
-from accel._core.dispatch import AcceleratorHooks
+from accel._core.hooks import AcceleratorHooks
 from helpers.training_fakes import (
     BareAccelerator,
     RecordingAccelerator,
@@ -159,7 +159,8 @@ def test_mark_step_and_synchronize_skip_the_hook_call_when_only_the_fallback_ans
 ) -> None:
     acc = registry_with(BareAccelerator()).get_accelerator("bare")
     called: list[str] = []
-    monkeypatch.setattr(AcceleratorHooks, "call", lambda self, name, **_: called.append(name))
+    for method in ("_each", "_first"):
+        monkeypatch.setattr(AcceleratorHooks, method, lambda self, name, **_: called.append(name))
     acc.mark_step()
     acc.synchronize()
     _, optimizer = linear_model_and_optimizer()

@@ -1,0 +1,284 @@
+"""The hooks of one accelerator, called the way its handle needs them: one typed method
+per hook, so mypy checks every call's arguments and result.
+
+First-result hooks are answered by walking the implementations pluggy lists (its
+public :meth:`pluggy.HookCaller.get_hookimpls`, in its own call order), so accel knows
+which plugin answered without calling anyone twice: a result it cannot use names that
+plugin, and a side effect (a copy to the CPU, a file written) happens once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+
+from accel._core.blame import note_culprit
+from accel._core.names import describe_index_range
+from accel._core.notes import bad_result_error
+from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError
+from accel.types import Availability, MoveContext
+
+if TYPE_CHECKING:
+    import os
+
+    import pluggy
+    import torch
+
+    from accel.training.memory import MemoryStats
+
+__all__ = ["FALLBACKS_NAME", "AcceleratorHooks", "no_longer_registered"]
+
+#: The plugin name of accel's fallbacks in every manager.
+FALLBACKS_NAME: Final = "accel.fallbacks"
+_T = TypeVar("_T")
+
+
+@final
+class AcceleratorHooks:
+    """The hooks of one accelerator, as its handle calls them."""
+
+    __slots__ = ("_alive", "_fallback_only", "_manager", "_providers", "name")
+
+    def __init__(self, name: str, manager: pluggy.PluginManager, providers: dict[str, str]):
+        #: Canonical accelerator name, passed to every hook as ``accelerator``.
+        self.name = name
+        self._manager = manager
+        self._providers = providers  # plugin name -> provider, shared with the dispatcher
+        self._fallback_only: dict[str, bool] = {}
+        self._alive = True
+
+    # -- probing ------------------------------------------------------------------
+
+    def availability(self) -> Availability:
+        """Ask whether the accelerator can be used; never raises."""
+        try:
+            return self._expect("is_available", Availability)
+        except Exception as exc:
+            # The message already says whom to report it to.
+            return Availability(False, reason=f"probing it failed: {type(exc).__name__}: {exc}")
+
+    def device_count(self) -> int:
+        """The device count of an accelerator found available."""
+        count, who = self._first("device_count")
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise self._bad("device_count", f"returned {_shown(count)}; expected int", who)
+        if count < 0:
+            raise self._bad(
+                "device_count", f"returned {count}; a device count cannot be negative", who
+            )
+        return count
+
+    def device(self, index: int | None, *, requested: str, source: str = "") -> torch.device:
+        """The device for ``index`` (``None``: the default one), checked against the count.
+
+        :param requested: the name as the user wrote it, for the message.
+        :param source: where that name came from (``" in $ACCEL_ACCELERATOR"``) or ``""``.
+        """
+        import torch
+
+        count = self.device_count()  # asked even without an index: a bad count fails early
+        if index is not None and index >= count:
+            raise AcceleratorUnavailableError(
+                f"device index {index} requested ({requested!r}{source}) but "
+                f"{self.name!r} has {count} device{'s' if count != 1 else ''} here "
+                f"(valid: {', '.join(str(i) for i in range(count)) or 'none'}). Ask for "
+                f"{describe_index_range(self.name, count)}, or check device visibility "
+                f"settings such as CUDA_VISIBLE_DEVICES.",
+                accelerator=self.name,
+                reason=f"index {index} >= device count {count}",
+            )
+        return self._expect("get_device", torch.device, index=index)
+
+    def distributed_backend(self) -> str:
+        return self._expect("distributed_backend", str)
+
+    # -- moves ----------------------------------------------------------------------
+
+    def pre_move_hook(
+        self, model: torch.nn.Module, device: torch.device, context: MoveContext
+    ) -> None:
+        self._each("pre_move_hook", model=model, device=device, context=context)
+
+    def model_to_device(
+        self, model: torch.nn.Module, device: torch.device, context: MoveContext
+    ) -> torch.nn.Module:
+        from torch import nn
+
+        moved, who = self._first("model_to_device", model=model, device=device, context=context)
+        if not isinstance(moved, nn.Module):
+            raise self._bad(
+                "model_to_device", f"returned {type(moved).__name__}, not a torch.nn.Module", who
+            )
+        return moved
+
+    def post_move_hook(
+        self, model: torch.nn.Module, device: torch.device, context: MoveContext
+    ) -> None:
+        self._each("post_move_hook", model=model, device=device, context=context)
+
+    def batch_to_device(self, batch: Any, device: torch.device) -> Any:
+        return self._first("batch_to_device", batch=batch, device=device)[0]
+
+    # -- the training step --------------------------------------------------------
+
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        closure: Callable[[], Any] | None,
+        device: torch.device,
+    ) -> Any:
+        step = self._first("optimizer_step", optimizer=optimizer, closure=closure, device=device)
+        return step[0]
+
+    def mark_step(self, device: torch.device) -> None:
+        self._each("mark_step", device=device)
+
+    def synchronize(self, device: torch.device) -> None:
+        self._each("synchronize", device=device)
+
+    def manual_seed(self, seed: int, device: torch.device) -> None:
+        self._each("manual_seed", seed=seed, device=device)
+
+    def autocast(
+        self, device: torch.device, dtype: torch.dtype | None
+    ) -> AbstractContextManager[Any]:
+        context, who = self._first("autocast", device=device, dtype=dtype)
+        if not (hasattr(context, "__enter__") and hasattr(context, "__exit__")):
+            raise self._bad(
+                "autocast", f"returned {type(context).__name__}, not a context manager", who
+            )
+        return context  # type: ignore[no-any-return]
+
+    def memory_stats(self, device: torch.device) -> MemoryStats:
+        from accel.training.memory import memory_stats_problem
+
+        result, who = self._first("memory_stats", device=device)
+        problem = memory_stats_problem(result)
+        if problem is not None:
+            raise self._bad("memory_stats", problem, who)
+        return result  # type: ignore[no-any-return]
+
+    def device_loader(
+        self, loader: Iterable[Any], device: torch.device, move: Callable[[Any], Any]
+    ) -> Iterable[Any]:
+        batches, who = self._first("device_loader", loader=loader, device=device, move=move)
+        if not isinstance(batches, Iterable):
+            raise self._bad(
+                "device_loader", f"returned {type(batches).__name__}, not an iterable", who
+            )
+        return batches
+
+    def state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
+        return self._expect("state_dict", dict, model=model)
+
+    def save(self, obj: Any, path: str | os.PathLike[str]) -> None:
+        self._first("save", obj=obj, path=path)
+
+    # -- what the handle's fast paths and messages need -----------------------------
+
+    def only_fallback(self, hook_name: str) -> bool:
+        """Whether accel's fallback is the only implementation of ``hook_name`` here,
+        so the handle may do the fallback's work without a hook call."""
+        cached = self._fallback_only.get(hook_name)
+        if cached is None:
+            implementations = self._caller(hook_name).get_hookimpls()
+            cached = all(impl.plugin_name == FALLBACKS_NAME for impl in implementations)
+            self._fallback_only[hook_name] = cached
+        return cached
+
+    def describe(self, plugin_name: str | None, hook_name: str) -> str:
+        """Name the plugin that answered ``hook_name`` (``None``: not known, so every
+        plugin that may have answered), with its provider, for messages."""
+        if plugin_name == FALLBACKS_NAME:
+            return "accel's built-in fallback"
+        if plugin_name is not None:
+            return f"plugin {plugin_name!r} ({self.provider_of(plugin_name)})"
+        names = [
+            impl.plugin_name
+            for impl in self._caller(hook_name).get_hookimpls()
+            if not (impl.wrapper or impl.hookwrapper) and impl.plugin_name != FALLBACKS_NAME
+        ]
+        if not names:
+            return "accel's built-in fallback"
+        return "plugin " + " or ".join(f"{n!r} ({self.provider_of(n)})" for n in reversed(names))
+
+    def provider_of(self, plugin_name: str) -> str:
+        return self._providers.get(plugin_name, "registered in code")
+
+    # -- calling ----------------------------------------------------------------------
+
+    def _each(self, hook_name: str, **kwargs: Any) -> Any:
+        """Call the hook through pluggy's own loop, naming the plugin that raised."""
+        caller = self._caller(hook_name)
+        try:
+            return caller(accelerator=self.name, **kwargs)
+        except Exception as exc:
+            note_culprit(exc, caller, hook_name, self.provider_of)
+            raise
+
+    def _first(self, hook_name: str, **kwargs: Any) -> tuple[Any, str | None]:
+        """The first non-``None`` answer of a first-result hook, and who gave it.
+
+        Walks the implementations in pluggy's order (last registered first, ``tryfirst``
+        and ``trylast`` honoured). With a wrapper among them pluggy runs the call, and
+        who answered is not known (``None``).
+        """
+        caller = self._caller(hook_name)
+        implementations = caller.get_hookimpls()
+        if any(impl.wrapper or impl.hookwrapper for impl in implementations):
+            return self._each(hook_name, **kwargs), None
+        arguments = {"accelerator": self.name, **kwargs}
+        for impl in reversed(implementations):
+            try:
+                result = impl.function(*(arguments[name] for name in impl.argnames))
+            except Exception as exc:
+                note_culprit(exc, caller, hook_name, self.provider_of, culprit=impl)
+                raise
+            if result is not None:
+                return result, impl.plugin_name
+        return None, None
+
+    def _expect(self, hook_name: str, expected: type[_T], **kwargs: Any) -> _T:
+        """A first-result hook's answer, checked to be an ``expected`` (bool is no int)."""
+        result, who = self._first(hook_name, **kwargs)
+        if isinstance(result, expected) and not (isinstance(result, bool) and expected is int):
+            return result
+        raise self._bad(hook_name, f"returned {_shown(result)}; expected {expected.__name__}", who)
+
+    def _bad(self, hook_name: str, problem: str, who: str | None) -> Exception:
+        return bad_result_error(hook_name, self.name, problem, self.describe(who, hook_name))
+
+    def _caller(self, hook_name: str) -> Any:
+        if not self._alive:
+            raise no_longer_registered(self.name)
+        return getattr(self._manager.hook, hook_name)
+
+    # -- kept in step with the registry by the dispatcher -------------------------
+
+    def _retire(self) -> None:
+        self._alive = False
+        self._fallback_only.clear()
+
+    def _add(self, plugin: object, name: str) -> None:
+        self._manager.register(plugin, name=name)
+        self._fallback_only.clear()
+
+    def _remove(self, plugin: object) -> None:
+        if self._manager.is_registered(plugin):
+            self._manager.unregister(plugin)
+        self._fallback_only.clear()
+
+
+def _shown(value: object) -> str:
+    return f"{type(value).__name__} ({value!r})"
+
+
+def no_longer_registered(accelerator: str) -> AcceleratorNotFoundError:
+    return AcceleratorNotFoundError(
+        f"accelerator {accelerator!r} is no longer registered in this registry (its plugin "
+        f"was unregistered); select one again with get_accelerator()",
+        requested=accelerator,
+        known=[],
+        suggestion=None,
+    )
