@@ -29,6 +29,13 @@ from accel._core.walk import each_module
 from accel.errors import WeightTyingError
 from accel.markers import hookimpl
 from accel.plugins import _xla_versions
+from accel.plugins._pjrt import (
+    PjrtDevice,
+    device_remedy,
+    known_device_types,
+    missing_runtime_package,
+    runtime_start_failure,
+)
 from accel.plugins._xla_training import XlaTrainingHooks
 from accel.tying import TyingSnapshot, empty_duplicate_slots, format_tie_failure
 from accel.types import AcceleratorSpec, Availability, MoveContext
@@ -39,8 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = ["TieGuardPlugin", "TpuPlugin", "TyingWarning", "move_can_untie"]
 
-# PJRT device types torch_xla knows; anything else is a typo we can report early.
-_PJRT_DEVICES: Final = frozenset({"CPU", "TPU", "CUDA", "GPU", "NEURON", "XPU"})
 _NOTES_KEY: Final = "accel.tpu.tying"
 #: Device types whose tensors cannot take over another device's storage in place:
 #: a move starting or ending on one gives every slot a Parameter of its own.
@@ -61,30 +66,46 @@ def tpu_hardware_present() -> bool:
 
 
 def probe_xla() -> Availability:
-    """Whether torch_xla can be used here, importing it only when configured."""
+    """Whether torch_xla can be used here, importing it only when configured.
+
+    The runtime is started here too (once per process, as the first device count
+    would), so a device type torch_xla cannot start (``PJRT_DEVICE=CUDA`` without a
+    CUDA build or plugin) is reported as unavailable, with what to install or set,
+    instead of failing later with torch_xla's own error.
+    """
+    pjrt = PjrtDevice.parse(os.environ.get("PJRT_DEVICE", ""))
+    if pjrt.value and pjrt.device_type not in known_device_types():
+        return Availability(
+            False,
+            reason=f"PJRT_DEVICE={pjrt.value!r} is not a PJRT device type torch_xla knows",
+            remedy=f"set PJRT_DEVICE to one of {', '.join(known_device_types())} (the last "
+            f"ones come from installed PJRT plugins), or unset it",
+        )
     if importlib.util.find_spec("torch_xla") is None:
         remedy = _xla_versions.install_torch_xla_remedy()
+        if pjrt.is_gpu:
+            remedy += f"; for XLA on CUDA GPUs, then: {device_remedy(pjrt)}"
         return Availability(False, reason="torch_xla is not installed", remedy=remedy)
     # A torch_xla built for another torch fails to import, or crashes: say so first.
     mismatch = _xla_versions.find_torch_xla_mismatch()
     if mismatch is not None:
         return Availability(False, reason=mismatch.reason, remedy=mismatch.remedy)
-    pjrt_device = os.environ.get("PJRT_DEVICE", "").strip()
     on_tpu_host = tpu_hardware_present()
-    if not pjrt_device and not on_tpu_host:
+    if not pjrt.value and not on_tpu_host:
         return Availability(
             False,
             reason="PJRT_DEVICE is not set and no TPU hardware was found",
             remedy="run on a TPU host, or set PJRT_DEVICE=CPU to use XLA on the CPU",
         )
-    device_type = pjrt_device.upper().split("_")[0]
-    if pjrt_device and device_type not in _PJRT_DEVICES:
+    missing = missing_runtime_package(pjrt)
+    if missing is not None:
         return Availability(
             False,
-            reason=f"PJRT_DEVICE={pjrt_device!r} is not a PJRT device type torch_xla knows",
-            remedy=f"set PJRT_DEVICE to one of {', '.join(sorted(_PJRT_DEVICES))}",
+            reason=f"PJRT_DEVICE={pjrt.value} needs the {missing!r} package, which is not "
+            f"installed",
+            remedy=device_remedy(pjrt),
         )
-    if device_type == "TPU" and not on_tpu_host:
+    if pjrt.device_type == "TPU" and not on_tpu_host:
         # Initialising a TPU runtime without chips waits on cloud metadata; say no now.
         return Availability(
             False,
@@ -100,12 +121,25 @@ def probe_xla() -> Availability:
             reason=f"importing torch_xla failed: {type(exc).__name__}: {exc}".splitlines()[0],
             remedy=_xla_versions.reinstall_torch_xla_remedy(),
         )
-    runtime_type = str(xr.device_type() or device_type or "TPU").upper()
+    runtime = PjrtDevice.parse(str(xr.device_type() or pjrt.value or "TPU"))
+    failure = _runtime_failures.get(runtime.value)
+    if failure is None:
+        try:
+            xr.addressable_runtime_device_count()  # starts the runtime, once per process
+        except Exception as exc:
+            failure = _runtime_failures[runtime.value] = runtime_start_failure(runtime, exc)
+    if failure is not None:
+        return Availability(False, reason=failure[0], remedy=failure[1])
     return Availability(
         True,
-        reason=f"PJRT device type {runtime_type}",
-        auto=runtime_type == "TPU",
+        reason=f"PJRT device type {runtime.device_type}",
+        auto=runtime.device_type == "TPU",
     )
+
+
+# A PJRT runtime that failed to start is never started again in this process: a second
+# attempt can abort the interpreter (torch_xla 2.9 with PJRT_DEVICE=NEURON does).
+_runtime_failures: dict[str, tuple[str, str]] = {}
 
 
 class TpuPlugin(XlaTrainingHooks):

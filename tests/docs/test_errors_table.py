@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.util
 import re
 import sys
+import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -719,6 +720,41 @@ def _tpu_pjrt_unset(mp: pytest.MonkeyPatch) -> object:
 def _tpu_pjrt_unknown(mp: pytest.MonkeyPatch) -> object:
     _torch_xla(mp, installed=True, pjrt="QUANTUM")
     return _registry().get_accelerator("tpu")
+
+
+@case("tpu-pjrt-cuda-no-plugin", accel.AcceleratorUnavailableError)
+def _tpu_pjrt_cuda_no_plugin(mp: pytest.MonkeyPatch) -> object:
+    _started_torch_xla(mp, "CUDA", RuntimeError("No PjRtPlugin registered for: CUDA. Make sure"))
+    return _registry().get_accelerator("tpu")
+
+
+@case("tpu-pjrt-cuda-no-torch-xla", accel.AcceleratorUnavailableError)
+def _tpu_pjrt_cuda_no_torch_xla(mp: pytest.MonkeyPatch) -> object:
+    _torch_xla(mp, installed=False, pjrt="CUDA")
+    return _registry().get_accelerator("tpu")
+
+
+@case("tpu-pjrt-neuron-no-sdk", accel.AcceleratorUnavailableError)
+def _tpu_pjrt_neuron_no_sdk(mp: pytest.MonkeyPatch) -> object:
+    _started_torch_xla(mp, "NEURON", AssertionError("the runtime must not start"))
+    return _registry().get_accelerator("tpu")
+
+
+def _started_torch_xla(mp: pytest.MonkeyPatch, pjrt: str, start_error: Exception) -> None:
+    """A torch_xla that imports, whose runtime raises ``start_error`` when started."""
+    _torch_xla(mp, installed=True, pjrt=pjrt)
+    runtime = types.ModuleType("torch_xla.runtime")
+    runtime.device_type = lambda: pjrt  # type: ignore[attr-defined]
+
+    def start() -> int:
+        raise start_error
+
+    runtime.addressable_runtime_device_count = start  # type: ignore[attr-defined]
+    package = types.ModuleType("torch_xla")
+    package.runtime = runtime  # type: ignore[attr-defined]
+    mp.setitem(sys.modules, "torch_xla", package)
+    mp.setitem(sys.modules, "torch_xla.runtime", runtime)
+    mp.setattr(tpu, "_runtime_failures", {})
 
 
 @case("tpu-pjrt-tpu-no-hardware", accel.AcceleratorUnavailableError)
