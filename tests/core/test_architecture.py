@@ -95,6 +95,24 @@ def test_the_circle_check_sees_function_level_and_type_checking_imports() -> Non
     assert "accel._core.hooks" in graph["accel.accelerator"]  # under TYPE_CHECKING
 
 
+def test_no_layer_imports_the_tools_or_integrations_and_only_the_registry_knows_plugins() -> None:
+    graph = _graph()
+
+    def importers_of(package: str) -> set[str]:
+        return {
+            module
+            for module, targets in graph.items()
+            if not module.startswith(package)
+            and any(t == package or t.startswith(package + ".") for t in targets)
+        }
+
+    assert importers_of("accel.tools") == {"accel.__main__"}
+    assert importers_of("accel.integrations") == set()
+    plugin_users = importers_of("accel.plugins")
+    assert plugin_users <= {"accel.registry", "accel.tools.cli"}
+    assert "accel.registry" in plugin_users  # the check sees the built-ins' registration
+
+
 def test_no_module_is_over_the_size_limit() -> None:
     sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
     # accel.hookspecs is the plugin author's reference, one docstring and example per
