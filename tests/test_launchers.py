@@ -110,6 +110,7 @@ def slurm(**overrides: str) -> dict[str, str]:
         "SLURM_PROCID": "5",
         "SLURM_NTASKS": "8",
         "SLURM_LOCALID": "1",
+        "SLURM_STEP_ID": "0",  # srun started it: a task, not the batch shell
         "SLURM_JOB_ID": "123456",
         "SLURM_JOB_NODELIST": "gpu[07-08,12]",
     }
@@ -124,7 +125,7 @@ def test_slurm_environment_is_parsed() -> None:
         world_size=8,
         local_rank=1,
         master_addr="gpu07",  # the node list's first host
-        master_port=20000 + 123456 % 20000,  # the same on every task of the job
+        master_port=20000 + (100 * 123456 + 0) % 19997,  # the same on every task of the step
         launcher="slurm",
     )
 
@@ -244,6 +245,7 @@ def launcher_variables(launcher: str, rank: int, port: int) -> dict[str, str]:
             "SLURM_PROCID": str(rank),
             "SLURM_NTASKS": "2",
             "SLURM_LOCALID": str(rank),
+            "SLURM_STEP_ID": "0",
             "SLURM_JOB_ID": "77",
             "SLURM_JOB_NODELIST": "localhost",
             "MASTER_PORT": str(port),
