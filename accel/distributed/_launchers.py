@@ -54,10 +54,10 @@ OPENMPI_VARIABLES: Final = (
 #: The rendezvous port when a launcher names none and gives no job id to derive one from
 #: (torch's own default).
 DEFAULT_MASTER_PORT: Final = 29500
-#: Derived ports are ``_PORT_BASE + n mod _PORT_SPAN``: below most systems' ephemeral
-#: range start (32768) for most of it, above the well-known and torch's 29500 neighbours
-#: only by chance. The span is prime, so ids that differ by a power of two (Open MPI's
-#: job ids differ in their upper 16 bits) do not fold onto a few ports.
+#: Derived ports are ``_PORT_BASE + n mod _PORT_SPAN``, 20000 to 39996: clear of the
+#: well-known ports, the range SLURM's port formula always used. The span is prime, so
+#: ids that differ by a multiple of a power of two (Open MPI's job ids differ in their
+#: upper 16 bits) do not fold onto a few ports, as they would modulo 20000.
 _PORT_BASE: Final = 20000
 _PORT_SPAN: Final = 19997
 #: Steps of one SLURM job below this many get ports of their own.
