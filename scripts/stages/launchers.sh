@@ -36,18 +36,27 @@ main_env="$(scripts/ensure-env requirements/main.txt)"
 
 # -- leftovers of an earlier run of this stage ---------------------------------------
 
-# A run killed before its trap ran leaves its daemons behind. Each run records the pids
-# it started here; stop those that still run from that run's private directory (and
-# only those: a pid reused by another program is left alone).
+# A run killed before its trap ran (kill -9) leaves its daemons behind, and the steps
+# of a job it was running. Each run records its private directory and the pids of the
+# daemons it started here; stop those daemons if they still run from that directory
+# (a pid reused by another program is left alone), and the processes of that run's
+# cluster: slurmstepd and the job's own, which carry its SLURM_CONF.
 record="${TMPDIR:-/tmp}/accel-launchers-stage.pids"
+runs_from() {  # runs_from PID DIR: the process's command line or SLURM_CONF names DIR
+    [[ -r /proc/$1/cmdline ]] || return 1
+    tr '\0' ' ' <"/proc/$1/cmdline" | grep -qF "$2" && return 0
+    tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$2/slurm.conf"
+}
 if [[ -f $record ]]; then
     old_dir="$(head -n1 "$record")"
-    while read -r pid; do
-        if [[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$old_dir"; then
-            echo "== stopping pid $pid left over from an earlier run ($old_dir)"
-            kill "$pid" 2>/dev/null || true
-        fi
-    done < <(tail -n +2 "$record")
+    leftovers=()
+    for pid in $(tail -n +2 "$record") $(ls /proc | grep -E '^[0-9]+$'); do
+        [[ $pid != "$$" ]] && runs_from "$pid" "$old_dir" && leftovers+=("$pid")
+    done
+    if ((${#leftovers[@]})); then
+        echo "== stopping ${#leftovers[@]} processes left over from an earlier run ($old_dir)"
+        kill -9 "${leftovers[@]}" 2>/dev/null || true
+    fi
     rm -rf "$old_dir" "$record"
 fi
 
@@ -59,6 +68,19 @@ chmod 0711 "$dir"
 pids=()
 stop_daemons() {
     local status=$?
+    if [[ -n ${SLURM_CONF:-} ]]; then
+        # A test that timed out may leave its job running: cancel every job of this
+        # private cluster, so that no step outlives its slurmd.
+        jobs="$(timeout 10 squeue --noheader --format %i 2>/dev/null || true)"
+        if [[ -n $jobs ]]; then
+            # shellcheck disable=SC2086
+            timeout 10 scancel --full $jobs 2>/dev/null || true
+            for _ in $(seq 30); do
+                [[ -z "$(timeout 5 squeue --noheader 2>/dev/null)" ]] && break
+                sleep 0.5
+            done
+        fi
+    fi
     for pid in "${pids[@]}"; do
         kill "$pid" 2>/dev/null || true
     done
