@@ -5,7 +5,8 @@
 # munged, slurmctld and slurmd from a private directory with their own config, key,
 # socket and loopback ports, waits for the node to be idle, runs
 # tests/distributed/test_real_launchers.py (pytest marker `launchers`) against them,
-# and stops exactly the daemons it started, by the pids it recorded.
+# and stops exactly the daemons it started, by the pids it recorded. About 2.5 minutes
+# on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo="$(pwd)"
@@ -42,6 +43,14 @@ main_env="$(scripts/ensure-env requirements/main.txt)"
 # (a pid reused by another program is left alone), and the processes of that run's
 # cluster: slurmstepd and the job's own, which carry its SLURM_CONF.
 record="${TMPDIR:-/tmp}/accel-launchers-stage.pids"
+# One run at a time (another worktree's run must not take this one's daemons for
+# leftovers). The lock is this shell's alone: every child closes fd 8, so a run
+# killed with -9 frees it at once, whatever it left running.
+exec 8>"$record.lock"
+if ! flock --wait 900 8; then
+    echo "error: another launcher stage run has held $record.lock for 15 minutes" >&2
+    exit 1
+fi
 runs_from() {  # runs_from PID DIR: the process's command line or SLURM_CONF names DIR
     [[ -r /proc/$1/cmdline ]] || return 1
     tr '\0' ' ' <"/proc/$1/cmdline" | grep -qF "$2" && return 0
@@ -112,7 +121,8 @@ mkdir -p "$dir/state" "$dir/spool"
 dd if=/dev/urandom of="$dir/munge.key" bs=1024 count=1 status=none
 chmod 0400 "$dir/munge.key"
 munged --foreground --socket="$dir/munge.sock" --key-file="$dir/munge.key" \
-    --pid-file="$dir/munged.pid" --log-file="$dir/munged.log" --seed-file="$dir/munge.seed" >>"$dir/munged.log" 2>&1 &
+    --pid-file="$dir/munged.pid" --log-file="$dir/munged.log" --seed-file="$dir/munge.seed" \
+    >>"$dir/munged.log" 2>&1 8>&- &
 started $!
 
 memory_mb=$(($(awk '/^MemTotal:/ {print $2}' /proc/meminfo) / 1024 * 9 / 10))
@@ -155,9 +165,9 @@ if ! munge --socket="$dir/munge.sock" --no-input | unmunge --socket="$dir/munge.
     echo "error: munged did not start (see $dir/munged.log above)" >&2
     exit 1
 fi
-slurmctld -D -i -f "$SLURM_CONF" >>"$dir/slurmctld.log" 2>&1 &
+slurmctld -D -i -f "$SLURM_CONF" >>"$dir/slurmctld.log" 2>&1 8>&- &
 started $!
-slurmd -D -N localhost -f "$SLURM_CONF" >>"$dir/slurmd.log" 2>&1 &
+slurmd -D -N localhost -f "$SLURM_CONF" >>"$dir/slurmd.log" 2>&1 8>&- &
 started $!
 
 idle=""
@@ -178,7 +188,7 @@ export ACCEL_LAUNCHERS_STAGE=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_C
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"  # this tree's accel, whatever the venv holds
 status=0
 (cd "$repo" && timeout 600 "$main_env/bin/python" -m pytest -p no:cacheprovider -p no:accel \
-    tests/distributed/test_real_launchers.py -m launchers "$@") || status=$?
+    tests/distributed/test_real_launchers.py -m launchers "$@") 8>&- || status=$?
 if [[ $status -eq 5 ]]; then
     echo "error: the launcher stage collected no tests (pytest exit 5); that is a failure" >&2
     exit 1
