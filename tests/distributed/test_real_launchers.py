@@ -204,6 +204,8 @@ def test_two_concurrent_steps_of_one_job_get_ports_of_their_own(tmp_path: Path) 
     # port derived from the job id alone, the second step's rank 0 got EADDRINUSE.
     env = worker_env(TRAIN_TIED_HOLD_S="4")
     steps = [tmp_path / "step-a", tmp_path / "step-b"]
+    # --overlap: both steps share the job's 2 CPUs (this machine has 2 cores; with
+    # --exact the second step would wait for the first to end, and never meet it).
     srun = "srun --overlap -n2"
     a, b = (f"{srun} {' '.join(TRAIN)} {step} 3" for step in steps)
     # A bare `wait` always succeeds: wait for each step, so that the job fails with one.
