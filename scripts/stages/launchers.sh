@@ -5,8 +5,8 @@
 # munged, slurmctld and slurmd from a private directory with their own config, key,
 # socket and loopback ports, waits for the node to be idle, runs
 # tests/distributed/test_real_launchers.py (pytest marker `launchers`) against them,
-# and stops exactly the daemons it started, by the pids it recorded. About 2.5 minutes
-# on 2 cores.
+# and stops exactly the daemons it started, by the pids it recorded. 2.5 minutes on
+# 2 idle cores, nearer 4 on a busy machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo="$(pwd)"
