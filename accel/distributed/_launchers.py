@@ -1,12 +1,16 @@
 """Where this process stands in the job, read from what its launcher set.
 
-Three launchers are recognised, in this order (``srun torchrun ...`` is torchrun's):
+Three launchers are recognised, in this order:
 
-- ``torchrun``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``;
-- SLURM's ``srun``: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, and the
-  first host of the step's node list as the rendezvous host;
+- ``torchrun``: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``
+  (``srun torchrun ...`` is torchrun's job);
 - Open MPI's ``mpirun``: ``OMPI_COMM_WORLD_RANK``, ``OMPI_COMM_WORLD_SIZE``,
-  ``OMPI_COMM_WORLD_LOCAL_RANK``.
+  ``OMPI_COMM_WORLD_LOCAL_RANK``. Before SLURM: ``mpirun`` inside an ``sbatch`` job
+  starts ranks that inherit the batch shell's ``SLURM_PROCID=0``;
+- SLURM's ``srun``: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, and the
+  first host of the step's node list as the rendezvous host. Only a process ``srun``
+  started (``SLURM_STEP_ID`` set) is a task: ``sbatch`` sets ``SLURM_PROCID=0`` in its
+  batch shell too, which is no task.
 
 A launcher counts as present once its rank variables appear; then all of them must
 be there, or the job would silently run as several worlds of one. ``MASTER_ADDR`` and
@@ -18,11 +22,13 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from accel.distributed._errors import DistributedSetupError
+from accel.distributed._slurm_lists import first_host, tasks_per_node
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
@@ -46,15 +52,29 @@ OPENMPI_VARIABLES: Final = (
     "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK",
 )
-#: The rendezvous port when a launcher names none (torch's own default).
+#: The rendezvous port when a launcher names none and gives no job id to derive one from
+#: (torch's own default).
 DEFAULT_MASTER_PORT: Final = 29500
+#: Derived ports are ``_PORT_BASE + n mod _PORT_SPAN``, 20000 to 39996: clear of the
+#: well-known ports, the range SLURM's port formula always used. The span is prime, so
+#: ids that differ by a multiple of a power of two (Open MPI's job ids differ in their
+#: upper 16 bits) do not fold onto a few ports, as they would modulo 20000.
+_PORT_BASE: Final = 20000
+_PORT_SPAN: Final = 19997
+#: Steps of one SLURM job below this many get ports of their own.
+_SLURM_STEPS_PER_JOB: Final = 100
 
 _SLURM_NODE_LISTS: Final = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+_SLURM_TASKS_PER_NODE: Final = (
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
+)
 _HINTS: Final = {
     "torchrun": "launch with `torchrun --nproc-per-node N script.py` (it sets all of them), "
     "set every one yourself, or unset them all to run as a single process (world size 1)",
     "slurm": "launch the tasks with `srun` (it sets all of them), or unset SLURM_PROCID "
-    "to run as a single process",
+    "and SLURM_STEP_ID to run as a single process",
     "openmpi": "launch with `mpirun -np N` (Open MPI sets all of them), or unset "
     "OMPI_COMM_WORLD_RANK to run as a single process",
 }
@@ -78,6 +98,9 @@ class LaunchEnvironment:
     local_world_size: int | None = None
     #: Who started the process: ``"torchrun"``, ``"slurm"`` or ``"openmpi"``.
     launcher: str = "torchrun"
+    #: Where :attr:`master_port` came from, for error messages: ``"MASTER_PORT"``, or the
+    #: variables it was derived from. Not part of equality: it describes, it decides nothing.
+    master_port_source: str = field(default="MASTER_PORT", compare=False)
 
 
 #: The name this class had when torchrun was the only launcher; still works.
@@ -89,17 +112,18 @@ def read_launch_environment(
 ) -> LaunchEnvironment | None:
     """Read and check the variables of whichever launcher started this process.
 
-    torchrun's are read first (``srun torchrun`` is a torchrun job), then SLURM's,
-    then Open MPI's.
+    torchrun's are read first (``srun torchrun`` is a torchrun job), then Open MPI's
+    (``mpirun`` in an ``sbatch`` job: its ranks inherit ``SLURM_PROCID``), then SLURM's.
 
     :param environ: where to read them; ``None`` means :data:`os.environ`.
     :returns: the environment, or ``None`` when no launcher's rank variables are set
         (a process started on its own).
-    :raises DistributedSetupError: a launcher's variables are partly set, or a value is
-        not usable (not an integer, rank beyond the world size, port out of range).
+    :raises DistributedSetupError: a launcher's variables are partly set, a value is
+        not usable (not an integer, rank beyond the world size, port out of range), or
+        this is the batch shell of a SLURM job of several tasks (not started by ``srun``).
     """
     env = os.environ if environ is None else environ
-    for reader in (_read_torchrun, _read_slurm, _read_openmpi):
+    for reader in (_read_torchrun, _read_openmpi, _read_slurm):
         found = reader(env)
         if found is not None:
             return found
@@ -160,6 +184,10 @@ def _read_torchrun(env: Mapping[str, str]) -> LaunchEnvironment | None:
 def _read_slurm(env: Mapping[str, str]) -> LaunchEnvironment | None:
     if not _present(env, ("SLURM_PROCID",)):
         return None
+    if not _present(env, ("SLURM_STEP_ID",)):
+        # sbatch's batch shell: SLURM_PROCID=0 without a step, no task of its own.
+        _refuse_batch_shell(env)
+        return None
     values = _require("slurm", "SLURM", env, SLURM_VARIABLES)
     master_addr = env.get("MASTER_ADDR", "").strip()
     if not master_addr:
@@ -172,27 +200,73 @@ def _read_slurm(env: Mapping[str, str]) -> LaunchEnvironment | None:
                 missing=("SLURM_JOB_NODELIST",),
             )
         master_addr = first_host(node_list)
+    local_world_size, local_size_name = _slurm_local_world_size(env)
+    port, source = _slurm_port(env)
     return _checked(
         "slurm",
         rank=_integer("slurm", values, "SLURM_PROCID", minimum=0),
         world_size=_integer("slurm", values, "SLURM_NTASKS", minimum=1),
         local_rank=_integer("slurm", values, "SLURM_LOCALID", minimum=0),
-        local_world_size=None,
+        local_world_size=local_world_size,
         master_addr=master_addr,
-        master_port=_slurm_port(env),
-        names=(*SLURM_VARIABLES, "SLURM_NTASKS_PER_NODE"),
+        master_port=port,
+        master_port_source=source,
+        names=(*SLURM_VARIABLES, local_size_name),
     )
 
 
-def _slurm_port(env: Mapping[str, str]) -> int:
-    """``MASTER_PORT``, else one derived from the job id: every task of a job computes
-    the same port, and two jobs sharing a node rarely collide."""
+def _refuse_batch_shell(env: Mapping[str, str]) -> None:
+    """A batch shell of a job of several tasks would wait for peers until the timeout;
+    one of a single task is that task, and runs alone."""
+    if not env.get("SLURM_NTASKS", "").strip():
+        return
+    tasks = _integer("slurm", env, "SLURM_NTASKS", minimum=1)
+    if tasks > 1:
+        job = env.get("SLURM_JOB_ID", "").strip() or "?"
+        raise DistributedSetupError(
+            f"this process is the batch shell of SLURM job {job}, not one of its tasks: "
+            f"SLURM_PROCID={env['SLURM_PROCID'].strip()!r} is set but SLURM_STEP_ID is not "
+            f"(sbatch started it, not srun), and the job has SLURM_NTASKS={tasks} tasks, "
+            f"whose peers would never come; start the tasks with `srun python ...` in the "
+            f"batch script (or `mpirun`), or allocate one task (`sbatch -n 1`) to run a "
+            f"single process",
+            missing=("SLURM_STEP_ID",),
+        )
+
+
+def _slurm_local_world_size(env: Mapping[str, str]) -> tuple[int | None, str]:
+    """This node's task count and the variable it came from: the step's own list first
+    (what srun started), then the job's, then the ``--ntasks-per-node`` request."""
+    for name in _SLURM_TASKS_PER_NODE:
+        text = env.get(name, "").strip()
+        if not text:
+            continue
+        counts = tasks_per_node(text, name=name)
+        if len(set(counts)) == 1:
+            return counts[0], name
+        node = env.get("SLURM_NODEID", "").strip()  # the node's index in the step
+        if re.fullmatch(r"[0-9]+", node) and int(node) < len(counts):
+            return counts[int(node)], f"{name}[SLURM_NODEID={node}]"
+        return None, name  # uneven and no usable node index: cannot tell, check nothing
+    return None, "SLURM_STEP_TASKS_PER_NODE"
+
+
+def _slurm_port(env: Mapping[str, str]) -> tuple[int, str]:
+    """``MASTER_PORT``, else one derived from the job and step ids: every task of a step
+    computes the same port, and two steps of a job, or two jobs on a node, rarely share
+    one (steps 0 to 99 of jobs less than 200 ids apart never do)."""
     if env.get("MASTER_PORT", "").strip():
-        return _integer("slurm", env, "MASTER_PORT", minimum=1)
-    job_id = env.get("SLURM_JOB_ID", "").strip()
-    if job_id.isdigit():
-        return 20000 + int(job_id) % 20000
-    return DEFAULT_MASTER_PORT
+        return _integer("slurm", env, "MASTER_PORT", minimum=1), "MASTER_PORT"
+    job = env.get("SLURM_JOB_ID", "").strip()
+    step = env.get("SLURM_STEP_ID", "").strip()
+    if not re.fullmatch(r"[0-9]+", job):
+        return DEFAULT_MASTER_PORT, f"torch's default {DEFAULT_MASTER_PORT} (no SLURM_JOB_ID)"
+    step_number = int(step) if re.fullmatch(r"[0-9]+", step) else 0
+    number = _SLURM_STEPS_PER_JOB * int(job) + step_number
+    return (
+        _PORT_BASE + number % _PORT_SPAN,
+        f"derived by accel from SLURM_JOB_ID={job} and SLURM_STEP_ID={step or '?'}",
+    )
 
 
 def _read_openmpi(env: Mapping[str, str]) -> LaunchEnvironment | None:
@@ -214,9 +288,7 @@ def _read_openmpi(env: Mapping[str, str]) -> LaunchEnvironment | None:
                 missing=("MASTER_ADDR",),
             )
         master_addr = "127.0.0.1"  # every rank is on this machine
-    port = DEFAULT_MASTER_PORT
-    if env.get("MASTER_PORT", "").strip():
-        port = _integer("openmpi", env, "MASTER_PORT", minimum=1)
+    port, source = _openmpi_port(env)
     return _checked(
         "openmpi",
         rank=_integer("openmpi", values, "OMPI_COMM_WORLD_RANK", minimum=0),
@@ -225,7 +297,32 @@ def _read_openmpi(env: Mapping[str, str]) -> LaunchEnvironment | None:
         local_world_size=local_world_size,
         master_addr=master_addr,
         master_port=port,
+        master_port_source=source,
         names=(*OPENMPI_VARIABLES, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    )
+
+
+def _openmpi_port(env: Mapping[str, str]) -> tuple[int, str]:
+    """``MASTER_PORT``, else one derived from the id Open MPI gives every ``mpirun``
+    job: the same on every rank, and another for a concurrent ``mpirun``."""
+    if env.get("MASTER_PORT", "").strip():
+        return _integer("openmpi", env, "MASTER_PORT", minimum=1), "MASTER_PORT"
+    job_id = env.get("OMPI_MCA_ess_base_jobid", "").strip()  # Open MPI 4: a 32-bit number
+    if re.fullmatch(r"[0-9]+", job_id):
+        return (
+            _PORT_BASE + int(job_id) % _PORT_SPAN,
+            f"derived by accel from OMPI_MCA_ess_base_jobid={job_id} (this mpirun job's id)",
+        )
+    namespace = env.get("PMIX_NAMESPACE", "").strip()  # Open MPI 5 (PRRTE) names its jobs
+    if namespace:
+        return (
+            _PORT_BASE + zlib.crc32(namespace.encode()) % _PORT_SPAN,
+            f"derived by accel from PMIX_NAMESPACE={namespace!r} (this mpirun job's name)",
+        )
+    return (
+        DEFAULT_MASTER_PORT,
+        f"torch's default {DEFAULT_MASTER_PORT} (no OMPI_MCA_ess_base_jobid or "
+        f"PMIX_NAMESPACE to derive one from)",
     )
 
 
@@ -239,6 +336,7 @@ def _checked(
     master_addr: str,
     master_port: int,
     names: tuple[str, str, str, str],
+    master_port_source: str = "MASTER_PORT",
 ) -> LaunchEnvironment:
     rank_name, size_name, local_name, local_size_name = names
     hint = _HINTS[launcher]
@@ -263,6 +361,7 @@ def _checked(
         master_port=master_port,
         local_world_size=local_world_size,
         launcher=launcher,
+        master_port_source=master_port_source,
     )
 
 
@@ -274,29 +373,3 @@ def _integer(launcher: str, env: Mapping[str, str], name: str, *, minimum: int) 
             f"{name}={env[name]!r} is not an integer >= {minimum}; {_HINTS[launcher]}"
         )
     return value
-
-
-def first_host(node_list: str) -> str:
-    """The first host of a SLURM node list: ``"gpu[07-09,12],cpu01"`` gives ``"gpu07"``.
-
-    SLURM compresses lists as ``prefix[ranges]suffix``, possibly several bracket groups
-    per name (``"rack[1-2]-n[01-04]"`` gives ``"rack1-n01"``); zero padding is kept.
-
-    :raises DistributedSetupError: the list is empty or its brackets do not close.
-    """
-    text = node_list.strip()
-    first = []
-    depth = 0
-    for char in text:
-        if char == "," and depth == 0:
-            break
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        first.append(char)
-    name = "".join(first).strip()
-    host = re.sub(r"\[([^\[\]]*)\]", lambda m: re.split(r"[-,]", m.group(1))[0], name)
-    if not host or "[" in host or "]" in host or depth != 0:
-        raise DistributedSetupError(
-            f"cannot read the first host of the SLURM node list {node_list!r}; set "
-            f"MASTER_ADDR to the rank-0 host"
-        )
-    return host

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -157,8 +158,43 @@ def _start_group(
         host = environment.master_addr
         host = f"[{host}]" if ":" in host else host  # an IPv6 address
         options["init_method"] = f"tcp://{host}:{environment.master_port}"
-    dist.init_process_group(
-        backend, rank=environment.rank, world_size=environment.world_size, **options
+    try:
+        dist.init_process_group(
+            backend, rank=environment.rank, world_size=environment.world_size, **options
+        )
+    except RuntimeError as error:  # torch's DistNetworkError is a RuntimeError
+        if not _port_in_use(error):
+            raise
+        note = _port_in_use_note(environment)
+        if sys.version_info >= (3, 11):
+            # Keep torch's type catchable (DistNetworkError), with accel's word added.
+            error.add_note(note)
+            raise
+        raise DistributedSetupError(f"{error}\n{note}") from error
+
+
+def _port_in_use(error: BaseException) -> bool:
+    text = str(error)
+    return "EADDRINUSE" in text or "address already in use" in text.lower()
+
+
+_LAUNCHER_NAMES = {"slurm": "SLURM (srun)", "openmpi": "Open MPI (mpirun)"}
+_PORT_HINTS = {
+    "slurm": "`export MASTER_PORT=PORT` before `srun` (srun passes it to every task)",
+    "openmpi": "`mpirun -x MASTER_PORT=PORT ...` (or export it before mpirun)",
+}
+
+
+def _port_in_use_note(environment: LaunchEnvironment) -> str:
+    """What accel knows and torch does not: which launcher, where the port came from."""
+    how = _PORT_HINTS.get(environment.launcher, "`MASTER_PORT=PORT` for every rank")
+    launcher = _LAUNCHER_NAMES.get(environment.launcher, environment.launcher)
+    return (
+        f"accel: rank {environment.rank} could not open the rendezvous store on "
+        f"{environment.master_addr}:{environment.master_port}: the port is in use (another "
+        f"job, or an earlier run still holding it). Under {launcher} the port "
+        f"came from {environment.master_port_source}; set MASTER_PORT to a free port for "
+        f"every rank: {how}"
     )
 
 

@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import accel
+from accel.distributed import DistributedSetupError
 from accel.plugins import tpu
 from helpers.fakes import MetaTpuPlugin
 from helpers.models import TiedLM, UntiesOnPurpose
@@ -791,6 +793,80 @@ def _tpu_tie_appeared_by_model(mp: pytest.MonkeyPatch) -> object:
         return acc.model_to_device(model)
     finally:
         assert model.head.weight is head  # restored: the head keeps its own weight
+
+
+# The launcher's variables (accel.distributed) -------------------------------------
+
+
+def _srun_task(mp: pytest.MonkeyPatch, **overrides: str) -> None:
+    """This process as task 0 of a one-task srun step on localhost, with ``overrides``."""
+    env = {
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_LOCALID": "0",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_ID": "3",
+        "SLURM_JOB_NODELIST": "localhost",
+        "MASTER_ADDR": "127.0.0.1",
+        **overrides,
+    }
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "MASTER_PORT"):
+        mp.delenv(name, raising=False)
+    for name, value in env.items():
+        if value:
+            mp.setenv(name, value)
+        else:
+            mp.delenv(name, raising=False)
+
+
+@case("launch-slurm-batch-shell", DistributedSetupError)
+def _launch_slurm_batch_shell(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed as adist
+
+    _srun_task(mp, SLURM_NTASKS="2", SLURM_STEP_ID="", MASTER_ADDR="")
+    return adist.init_process_group("cpu", timeout=30)
+
+
+@case("launch-slurm-tasks-per-node", DistributedSetupError)
+def _launch_slurm_tasks_per_node(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed as adist
+
+    _srun_task(mp, SLURM_STEP_TASKS_PER_NODE="2(x")
+    return adist.init_process_group("cpu", timeout=30)
+
+
+@case("launch-slurm-local-rank-beyond-node", DistributedSetupError)
+def _launch_slurm_local_rank_beyond_node(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed as adist
+
+    _srun_task(
+        mp,
+        SLURM_NTASKS="7",
+        SLURM_PROCID="6",
+        SLURM_LOCALID="1",
+        SLURM_NODEID="3",
+        SLURM_STEP_TASKS_PER_NODE="2(x3),1",
+    )
+    return adist.init_process_group("cpu", timeout=30)
+
+
+@case("launch-port-in-use", dist.DistNetworkError, needs_notes=True)
+def _launch_port_in_use(mp: pytest.MonkeyPatch) -> object:
+    import socket
+
+    import accel.distributed as adist
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        _srun_task(mp, MASTER_PORT=str(busy.getsockname()[1]))
+        try:
+            return adist.init_process_group("cpu", timeout=30)
+        except dist.DistNetworkError:
+            assert not dist.is_initialized()
+            raise
+        finally:
+            adist.destroy_process_group()
 
 
 # -- the tests -------------------------------------------------------------------------

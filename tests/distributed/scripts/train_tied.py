@@ -2,6 +2,10 @@
 
 Usage: torchrun --nproc-per-node 2 train_tied.py ACCELERATOR REPORT_DIR [STEPS]
 
+Also started by srun and mpirun (tests/distributed/test_real_launchers.py).
+$TRAIN_TIED_HOLD_S seconds of sleep after the group starts keep its rendezvous port
+held, so that concurrent launches overlap.
+
 Every rank writes REPORT_DIR/rank<RANK>.json; the test reads them. Each rank
 starts from different weights and trains on different data, so equal parameters
 at the end prove that DDP both broadcast rank 0's start and averaged gradients.
@@ -9,9 +13,11 @@ at the end prove that DDP both broadcast rank 0's start and averaged gradients.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -28,6 +34,9 @@ def main() -> None:
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     context = accel.distributed.init_process_group(accelerator, timeout=60)
     again = accel.distributed.init_process_group(accelerator)
+    started_at = time.time()
+    launch = accel.distributed.read_launch_environment()
+    time.sleep(float(os.environ.get("TRAIN_TIED_HOLD_S", "0")))
     torch.manual_seed(100 + context.rank)  # different start per rank, on purpose
     model = TiedLM()
     unique_before = len({id(p) for p in model.parameters()})
@@ -64,11 +73,22 @@ def main() -> None:
         "plain_ranks_equal": all(torch.equal(plain_gathered[0], t) for t in plain_gathered),
         "start_differed": changed(initial, after_broadcast) if context.rank != 0 else None,
         "trained": changed(after_broadcast, final),
+        "checksum": hashlib.sha256(flat.numpy().tobytes()).hexdigest(),
+        "master_port": None if launch is None else launch.master_port,
+        "port_source": None if launch is None else launch.master_port_source,
+        "local_world_size": None if launch is None else launch.local_world_size,
+        "launch_env": {name: os.environ.get(name) for name in LAUNCH_ENV},
+        "started_at": started_at,
+        "finished_at": time.time(),
     }
     destroyed = accel.distributed.destroy_process_group()
     report["destroyed"] = destroyed and not torch.distributed.is_initialized()
     report_dir.mkdir(parents=True, exist_ok=True)  # a fresh machine has no such folder
     (report_dir / f"rank{context.rank}.json").write_text(json.dumps(report))
+
+
+#: What the real-launcher tests check the derived ports and the detection against.
+LAUNCH_ENV = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "OMPI_MCA_ess_base_jobid")
 
 
 def train(

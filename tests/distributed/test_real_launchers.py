@@ -1,0 +1,229 @@
+"""accel.distributed under the real launchers: Open MPI's ``mpirun`` and SLURM's ``srun``
+and ``sbatch``, each training the tied model with DDP (gloo) on this machine.
+
+Run by ``bash scripts/test launchers`` (scripts/stages/launchers.sh), which starts a
+private munged, slurmctld and slurmd and exports ``SLURM_CONF``; deselected from the
+other tiers by the ``launchers`` marker. Every run checks what really happened: both
+ranks' final parameters equal (same checksum, also compared through all_gather), ties
+kept, world size 2, ranks {0, 1}, the launcher accel recorded, and the port it used.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers.distributed import (  # noqa: F401  (an autouse fixture)
+    SCRIPTS,
+    free_port,
+    no_launcher_and_no_group,
+    read_reports,
+    worker_env,
+)
+
+pytestmark = [
+    pytest.mark.launchers,
+    pytest.mark.skipif(
+        os.environ.get("ACCEL_LAUNCHERS_STAGE") != "1" or not os.environ.get("SLURM_CONF"),
+        reason="needs the SLURM daemons `bash scripts/test launchers` starts",
+    ),
+]
+
+#: Each launch, bounded; a job that outlives it is cancelled by its SLURM time limit too.
+LAUNCH_TIMEOUT_S = 150
+#: mpirun as root, and no oversubscription refusal on a 2-core machine.
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
+#: srun/sbatch: a minute-bounded job, its output kept.
+SLURM_LIMIT = ["--time=3"]
+TRAIN = [sys.executable, str(SCRIPTS / "train_tied.py"), "cpu"]
+# Derived ports, as docs/distributed.md documents them.
+PORT_BASE, PORT_SPAN, STEPS_PER_JOB = 20000, 19997, 100
+
+
+def launch(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a launcher command, output merged; kill its process group on timeout."""
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        output, _ = process.communicate()
+        pytest.fail(f"{command[0]} did not finish in {LAUNCH_TIMEOUT_S} s:\n{output[-4000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, output, "")
+
+
+def environment(explicit: bool) -> tuple[dict[str, str], int | None]:
+    """The launch environment, with MASTER_ADDR/MASTER_PORT set (a free port) or not."""
+    if not explicit:
+        return worker_env(), None
+    port = free_port()
+    return worker_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)), port
+
+
+def sbatch(script: str, env: dict[str, str], tmp_path: Path, *options: str) -> str:
+    """Submit ``script`` as a batch job, wait for it; returns the job's output."""
+    output = tmp_path / "job.out"
+    result = launch(
+        ["sbatch", "--wait", *SLURM_LIMIT, *options, f"--output={output}", "--wrap", script],
+        env,
+    )
+    job_output = output.read_text() if output.exists() else ""
+    result.stdout += job_output
+    assert result.returncode == 0, result.stdout[-4000:]
+    return job_output
+
+
+def assert_trained_in_step(reports: list[dict[str, Any]], launcher: str) -> None:
+    """Two ranks of one world, DDP in step, ties kept, launched by ``launcher``."""
+    assert {report["rank"] for report in reports} == {0, 1}
+    for report in reports:
+        assert report["world_size"] == 2
+        assert (report["launcher"], report["launched"], report["backend"]) == (
+            launcher,
+            True,
+            "gloo",
+        )
+        assert report["tied"] and report["unique_after"] == report["ddp_unique"] == 3
+        assert report["ranks_equal"] and report["own_slot_is_mine"] and report["trained"]
+        assert report["plain_ranks_equal"] is False  # the control drifted apart
+        assert report["local_world_size"] == 2  # both on this node, as the launcher said
+    assert reports[0]["checksum"] == reports[1]["checksum"]
+    assert reports[1]["start_differed"]  # DDP's broadcast, not luck, made them equal
+    assert reports[0]["master_port"] == reports[1]["master_port"]
+
+
+def slurm_port(job_id: str, step_id: str) -> int:
+    return PORT_BASE + (STEPS_PER_JOB * int(job_id) + int(step_id)) % PORT_SPAN
+
+
+def openmpi_port(job_id: str) -> int:
+    return PORT_BASE + int(job_id) % PORT_SPAN
+
+
+def assert_port(report: dict[str, Any], explicit_port: int | None) -> None:
+    """The port was the one given, else the one derived from the launcher's job id."""
+    env = report["launch_env"]
+    if explicit_port is not None:
+        assert (report["master_port"], report["port_source"]) == (explicit_port, "MASTER_PORT")
+    elif report["launcher"] == "slurm":
+        assert report["master_port"] == slurm_port(env["SLURM_JOB_ID"], env["SLURM_STEP_ID"])
+        assert "SLURM_JOB_ID" in report["port_source"]
+    else:
+        assert report["master_port"] == openmpi_port(env["OMPI_MCA_ess_base_jobid"])
+        assert "OMPI_MCA_ess_base_jobid" in report["port_source"]
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["derived-port", "master-port"])
+def test_mpirun_two_ranks_train_in_step(explicit: bool, tmp_path: Path) -> None:
+    env, port = environment(explicit)
+    forwarded = ["-x", "MASTER_ADDR", "-x", "MASTER_PORT"] if explicit else []
+    result = launch([*MPIRUN, *forwarded, *TRAIN, str(tmp_path), "3"], env)
+    assert result.returncode == 0, result.stdout[-4000:]
+    reports = read_reports(tmp_path, 2)
+    assert_trained_in_step(reports, "openmpi")
+    assert_port(reports[0], port)
+    assert reports[0]["master_port"] != 29500  # no longer torchrun's default port
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["derived-port", "master-port"])
+def test_srun_two_tasks_train_in_step(explicit: bool, tmp_path: Path) -> None:
+    env, port = environment(explicit)
+    result = launch(["srun", "-n2", *SLURM_LIMIT, *TRAIN, str(tmp_path), "3"], env)
+    assert result.returncode == 0, result.stdout[-4000:]
+    reports = read_reports(tmp_path, 2)
+    assert_trained_in_step(reports, "slurm")
+    assert_port(reports[0], port)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["derived-port", "master-port"])
+def test_sbatch_with_srun_inside_trains_in_step(explicit: bool, tmp_path: Path) -> None:
+    env, port = environment(explicit)
+    reports_dir = tmp_path / "reports"
+    sbatch(f"srun {' '.join(TRAIN)} {reports_dir} 3", env, tmp_path, "-n2")
+    reports = read_reports(reports_dir, 2)
+    assert_trained_in_step(reports, "slurm")
+    assert_port(reports[0], port)
+    assert {r["launch_env"]["SLURM_STEP_ID"] for r in reports} == {"0"}
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["derived-port", "master-port"])
+def test_mpirun_inside_sbatch_is_an_open_mpi_job(explicit: bool, tmp_path: Path) -> None:
+    # The ranks inherit the batch shell's SLURM_PROCID=0: before the fix both were rank 0.
+    env, port = environment(explicit)
+    reports_dir = tmp_path / "reports"
+    forwarded = "-x MASTER_ADDR -x MASTER_PORT " if explicit else ""
+    sbatch(f"{' '.join(MPIRUN)} {forwarded}{' '.join(TRAIN)} {reports_dir} 3", env, tmp_path, "-n2")
+    reports = read_reports(reports_dir, 2)
+    assert_trained_in_step(reports, "openmpi")
+    assert_port(reports[0], port)
+    assert {r["launch_env"]["SLURM_PROCID"] for r in reports} == {"0"}  # inherited, ignored
+
+
+def test_batch_shell_of_several_tasks_is_refused_at_once(tmp_path: Path) -> None:
+    reports_dir = tmp_path / "reports"
+    output = tmp_path / "job.out"
+    script = f"{' '.join(TRAIN)} {reports_dir} 3"  # no srun: the batch shell itself
+    started = time.monotonic()
+    result = launch(
+        ["sbatch", "--wait", "-n2", *SLURM_LIMIT, f"--output={output}", "--wrap", script],
+        worker_env(),
+    )
+    elapsed = time.monotonic() - started
+    job_output = output.read_text()
+    assert result.returncode != 0, job_output[-4000:]
+    assert "DistributedSetupError" in job_output
+    assert "is the batch shell of SLURM job" in job_output
+    assert "SLURM_STEP_ID is not" in job_output and "srun python" in job_output
+    assert elapsed < 45, f"refused only after {elapsed:.0f} s (the rendezvous timeout is 60 s)"
+    assert not reports_dir.exists()
+
+
+def test_batch_shell_of_one_task_runs_alone(tmp_path: Path) -> None:
+    reports_dir = tmp_path / "reports"
+    sbatch(f"{' '.join(TRAIN)} {reports_dir} 2", worker_env(), tmp_path, "-n1")
+    [report] = read_reports(reports_dir, 1)
+    assert (report["rank"], report["world_size"], report["launched"]) == (0, 1, False)
+    assert report["launcher"] is None and report["tied"] and report["trained"]
+    assert report["launch_env"]["SLURM_PROCID"] == "0"
+
+
+def test_two_concurrent_steps_of_one_job_get_ports_of_their_own(tmp_path: Path) -> None:
+    # Both steps hold their rendezvous stores for a while, so they surely overlap; with a
+    # port derived from the job id alone, the second step's rank 0 got EADDRINUSE.
+    env = worker_env(TRAIN_TIED_HOLD_S="4")
+    steps = [tmp_path / "step-a", tmp_path / "step-b"]
+    # --overlap: both steps share the job's 2 CPUs (this machine has 2 cores; with
+    # --exact the second step would wait for the first to end, and never meet it).
+    srun = "srun --overlap -n2"
+    a, b = (f"{srun} {' '.join(TRAIN)} {step} 3" for step in steps)
+    # A bare `wait` always succeeds: wait for each step, so that the job fails with one.
+    script = f"{a} & a=$!; {b} & b=$!; wait $a && wait $b"
+    sbatch(script, env, tmp_path, "-n2")
+    by_step = [read_reports(step, 2) for step in steps]
+    for reports in by_step:
+        assert_trained_in_step(reports, "slurm")
+        assert_port(reports[0], None)
+    step_ids = {reports[0]["launch_env"]["SLURM_STEP_ID"] for reports in by_step}
+    assert step_ids == {"0", "1"}
+    assert (
+        by_step[0][0]["launch_env"]["SLURM_JOB_ID"] == by_step[1][0]["launch_env"]["SLURM_JOB_ID"]
+    )
+    assert by_step[0][0]["master_port"] != by_step[1][0]["master_port"]
+    (a_start, a_end), (b_start, b_end) = (
+        (min(r["started_at"] for r in reports), max(r["finished_at"] for r in reports))
+        for reports in by_step
+    )
+    assert a_start < b_end and b_start < a_end, "the two steps did not run at the same time"
