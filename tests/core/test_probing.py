@@ -13,6 +13,7 @@ import torch
 
 import accel
 from accel.plugins import tpu
+from helpers.registries import isolated_registry
 
 
 def _run(code: str, **env: str) -> str:
@@ -82,7 +83,7 @@ def test_tpu_without_torch_xla_says_what_to_install(monkeypatch: pytest.MonkeyPa
     assert not availability.available
     assert availability.reason == "torch_xla is not installed"
     assert "'torch_xla==2.9.*'" in availability.remedy
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     with pytest.raises(accel.AcceleratorUnavailableError, match=r"'torch_xla==2\.9\.\*'"):
         registry.get_accelerator("xla")
 
@@ -148,7 +149,7 @@ def test_tpu_whose_import_fails_reports_the_error(
     assert not availability.available
     assert availability.reason.startswith("importing torch_xla failed: ImportError")
     assert "undefined symbol" in availability.reason
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     info = {i.name: i for i in registry.list_accelerators()}["tpu"]
     assert not info.available and "importing torch_xla failed" in info.reason
 
@@ -163,8 +164,7 @@ def test_a_plugin_whose_probe_raises_is_reported_unavailable() -> None:
         def is_available(self) -> accel.Availability:
             raise OSError("driver on fire")
 
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(Exploding())
+    registry = isolated_registry(Exploding())
     info = {i.name: i for i in registry.list_accelerators()}["boom"]
     assert not info.available
     assert "OSError: driver on fire" in info.reason

@@ -26,6 +26,7 @@ from helpers.distributed import (  # noqa: F401  (an autouse fixture)
 )
 from helpers.fakes import FakeAccelerator
 from helpers.models import TiedLM
+from helpers.registries import isolated_registry
 
 # -- the process group in this process -------------------------------------------------
 
@@ -62,8 +63,7 @@ def test_process_group_block_tears_down() -> None:
 
 
 def test_a_group_with_another_backend_must_be_torn_down_first() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(SingleGpu("onegpu", count=1))
+    registry = isolated_registry(SingleGpu("onegpu", count=1))
     adist.init_process_group("cpu")
     with pytest.raises(adist.DistributedSetupError, match=r"backend 'gloo'.*needs 'nccl'"):
         adist.init_process_group("onegpu", registry=registry)
@@ -71,8 +71,7 @@ def test_a_group_with_another_backend_must_be_torn_down_first() -> None:
 
 
 def test_another_accelerator_on_the_same_backend_must_tear_down_first() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(FakeAccelerator("other", device="meta"))  # gloo by default
+    registry = isolated_registry(FakeAccelerator("other", device="meta"))  # gloo by default
     adist.init_process_group("cpu")
     with pytest.raises(adist.DistributedSetupError, match="already set up for 'cpu'"):
         adist.init_process_group("other", registry=registry)

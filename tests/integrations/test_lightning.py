@@ -14,13 +14,12 @@ import accel
 from accel.integrations.lightning import AccelAccelerator, AccelFabricStrategy, AccelStrategy
 from helpers.fakes import FakeAccelerator
 from helpers.integration_plugins import VendorPlugin
+from helpers.registries import isolated_registry
 
 
 @pytest.fixture
 def vendor_registry() -> accel.AcceleratorRegistry:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(VendorPlugin(count=3))
-    return registry
+    return isolated_registry(VendorPlugin(count=3))
 
 
 @pytest.fixture
@@ -145,8 +144,7 @@ def test_alone_lightning_would_put_an_unknown_accelerator_on_the_cpu(
 def test_strategy_takes_the_device_from_the_accelerator() -> None:
     from lightning.fabric import Fabric
 
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(FakeAccelerator("metanpu", device="meta"))
+    registry = isolated_registry(FakeAccelerator("metanpu", device="meta"))
     fabric = Fabric(strategy=AccelFabricStrategy("metanpu", registry=registry), devices=1)
     assert fabric.device == torch.device("meta")
     assert isinstance(fabric.accelerator, AccelAccelerator)

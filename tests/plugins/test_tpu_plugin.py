@@ -21,6 +21,7 @@ from accel.plugins.tpu import move_can_untie
 from accel.tying import count_unique_parameters
 from helpers.fakes import CpuTpuPlugin, FakeAccelerator
 from helpers.models import TiedLM
+from helpers.registries import isolated_registry
 
 
 @pytest.fixture
@@ -94,7 +95,7 @@ def test_a_cpu_move_never_runs_the_tying_code(
 def test_a_tpu_move_is_guarded_once_by_the_plugin_and_its_companion(
     overwrite_mode: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     registry.register(CpuTpuPlugin(), override=True)
     captures: list[str] = []
     original = tying.TyingSnapshot.capture.__func__  # type: ignore[attr-defined]
@@ -109,8 +110,7 @@ def test_a_tpu_move_is_guarded_once_by_the_plugin_and_its_companion(
 
 
 def test_another_accelerator_moving_to_meta_keeps_ties() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(FakeAccelerator("npu", device="meta"))
+    registry = isolated_registry(FakeAccelerator("npu", device="meta"))
     model = registry.get_accelerator("npu").model_to_device(TiedLM())
     assert model.head.weight is model.embed.weight
     assert model.head.weight.device.type == "meta"
