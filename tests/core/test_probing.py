@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
-import textwrap
 from typing import Any
 
 import pytest
@@ -13,23 +11,13 @@ import torch
 
 import accel
 from accel.plugins import tpu
+from helpers.processes import run_python
 from helpers.registries import isolated_registry
 
 
 def _run(code: str, **env: str) -> str:
-    import os
-
-    environment = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}
-    environment.update(env)
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=environment,
-        timeout=120,
-        check=True,
-    )
-    return result.stdout.strip()
+    """``code``'s stdout in a fresh process, with no PJRT device configured."""
+    return run_python(code, env={"PJRT_DEVICE": None, **env}, check=True).stdout.strip()
 
 
 def test_import_accel_loads_nothing_heavy() -> None:

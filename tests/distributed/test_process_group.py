@@ -3,8 +3,6 @@ under torchrun on loopback (see distributed_helpers)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +21,11 @@ from helpers.distributed import (  # noqa: F401  (an autouse fixture)
     read_reports,
     run_torchrun,
     torchrun_env,
+    worker_overrides,
 )
 from helpers.fakes import FakeAccelerator
 from helpers.models import TiedLM
+from helpers.processes import run_python
 from helpers.registries import isolated_registry
 
 # -- the process group in this process -------------------------------------------------
@@ -144,9 +144,7 @@ def test_wrap_refuses_what_is_not_a_module() -> None:
 
 def test_importing_the_module_does_not_import_torch() -> None:
     code = "import sys, accel.distributed; print('torch' in sys.modules)"
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
+    result = run_python(code, timeout=60, check=True)
     assert result.stdout.strip() == "False"
 
 
@@ -174,13 +172,9 @@ def test_torchrun_two_cpu_ranks_train_tied_model_in_step(tmp_path: Path) -> None
 
 
 def test_torchrun_worker_with_half_set_environment_fails_clearly(tmp_path: Path) -> None:
-    env = torchrun_env(RANK="0", WORLD_SIZE="1")
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "train_tied.py"), "cpu", str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_python(
+        [SCRIPTS / "train_tied.py", "cpu", str(tmp_path)],
+        env=worker_overrides(RANK="0", WORLD_SIZE="1"),
     )
     assert result.returncode != 0
     assert "DistributedSetupError" in result.stderr

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from lightning.fabric.accelerators import Accelerator as FabricAccelerator
@@ -14,6 +11,7 @@ import accel
 from accel.integrations.lightning import AccelAccelerator, AccelFabricStrategy, AccelStrategy
 from helpers.fakes import FakeAccelerator
 from helpers.integration_plugins import VendorPlugin
+from helpers.processes import run_python
 from helpers.registries import isolated_registry
 
 
@@ -173,14 +171,8 @@ def test_strategy_registry_needs_a_name(registry: accel.AcceleratorRegistry) -> 
         AccelStrategy(AccelAccelerator("cpu", registry=registry), registry=registry)
 
 
-def _run_python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
-
-
 def test_import_accel_imports_no_integration() -> None:
-    result = _run_python(
+    result = run_python(
         "import sys, accel\n"
         "accel.get_accelerator('cpu')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
@@ -191,7 +183,7 @@ def test_import_accel_imports_no_integration() -> None:
 
 
 def test_missing_lightning_says_what_to_install() -> None:
-    result = _run_python(
+    result = run_python(
         "import sys\nsys.modules['lightning'] = None\nimport accel.integrations.lightning"
     )
     assert result.returncode != 0

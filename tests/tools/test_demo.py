@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 import torch
 
 from accel.tools.demo import run_demo
+from helpers.processes import run_python
 from helpers.registries import isolated_registry
 from helpers.training_fakes import BareAccelerator
 
@@ -26,12 +26,8 @@ def test_the_demo_trains_and_times_every_step() -> None:
 
 
 def _demo_on_tpu(steps: int) -> list[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "accel", "demo", "--accelerator", "tpu", "--steps", str(steps)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    result = run_python(
+        ["-m", "accel", "demo", "--accelerator", "tpu", "--steps", str(steps)], timeout=300
     )
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
