@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if XLA_TIER:
             raise pytest.UsageError("the XLA tier runs without torch_xla installed")
-        item.add_marker(pytest.mark.skip(reason="needs torch_xla: run `bash scripts/test`"))
+        item.add_marker(pytest.mark.skip(reason="needs torch_xla: run `bash scripts/test xla`"))
 
 
 @pytest.fixture(autouse=True)
