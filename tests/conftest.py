@@ -8,6 +8,7 @@ import pytest
 
 import accel
 from helpers.fakes import MetaTpuPlugin
+from helpers.registries import isolated_registry
 
 XLA_TIER = os.environ.get("ACCEL_TIER") == "xla"
 
@@ -19,7 +20,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if XLA_TIER:
             raise pytest.UsageError("the XLA tier runs without torch_xla installed")
-        item.add_marker(pytest.mark.skip(reason="needs torch_xla: run `bash scripts/test`"))
+        item.add_marker(pytest.mark.skip(reason="needs torch_xla: run `bash scripts/test xla`"))
 
 
 @pytest.fixture(autouse=True)
@@ -31,14 +32,13 @@ def _clean_accel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def registry() -> accel.AcceleratorRegistry:
     """A registry of the built-ins only, isolated from installed plugins."""
-    return accel.AcceleratorRegistry(entry_points=None)
+    return isolated_registry()
 
 
 @pytest.fixture
 def meta_tpu() -> accel.Accelerator:
     """The TPU plugin's hooks, moving to the `meta` device (which unties like XLA)."""
-    reg = accel.AcceleratorRegistry(entry_points=None, builtins=False)
-    reg.register(MetaTpuPlugin())
+    reg = isolated_registry(MetaTpuPlugin(), builtins=False)
     return reg.get_accelerator("tpu")
 
 

@@ -16,6 +16,7 @@ import torch
 import accel
 from helpers.fakes import FakeAccelerator, MetaTpuPlugin, MoveRecorder
 from helpers.models import TiedLM
+from helpers.registries import isolated_registry
 
 THREADS = 16
 ITERATIONS = 12
@@ -43,7 +44,7 @@ def busy_switching() -> Iterator[None]:
 
 def _build_registry() -> accel.AcceleratorRegistry:
     """Built-ins, with `tpu` replaced by the meta-moving TPU plugin."""
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     registry.register(MetaTpuPlugin(), name="meta-tpu", override=True)
     return registry
 
@@ -191,8 +192,8 @@ def test_many_threads_select_and_move_on_one_registry(busy_switching: None) -> N
 
 
 def test_first_use_from_many_threads_loads_the_registry_once(busy_switching: None) -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    reference = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
+    reference = isolated_registry()
     seen: list[tuple[str, tuple[str, ...], int]] = []
 
     def work() -> None:
@@ -210,8 +211,8 @@ def test_first_use_from_many_threads_loads_the_registry_once(busy_switching: Non
 
 def test_threads_registering_plugins_of_their_own(busy_switching: None) -> None:
     """Each thread registers and unregisters its own accelerator while others select."""
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    reference = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
+    reference = isolated_registry()
 
     def own_plugin(index: int) -> Callable[[], None]:
         def work() -> None:
@@ -256,9 +257,8 @@ class BlockingFake(FakeAccelerator):
 
 
 def test_unregistering_during_a_selection_gives_a_result_or_a_clear_error() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
     fake = BlockingFake()
-    registry.register(fake)
+    registry = isolated_registry(fake)
     fake.block = True
     outcome: list[object] = []
 
@@ -287,9 +287,8 @@ def test_unregistering_during_a_selection_gives_a_result_or_a_clear_error() -> N
 
 
 def test_a_handle_whose_plugin_was_unregistered_raises_a_clear_error() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
     fake = FakeAccelerator("fake")
-    registry.register(fake)
+    registry = isolated_registry(fake)
     acc = registry.get_accelerator("fake")
     registry.unregister(fake)  # e.g. by another thread, while this one holds the handle
 
@@ -298,7 +297,7 @@ def test_a_handle_whose_plugin_was_unregistered_raises_a_clear_error() -> None:
 
 
 def test_a_handle_never_reaches_a_plugin_registered_after_it() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     cpu = registry.get_accelerator("cpu")
     late = FakeAccelerator("late", available=False)
     registry.register(late)  # e.g. by another thread, while the handle is in use

@@ -8,11 +8,6 @@ a private directory and exercised in subprocesses, so they never leak into other
 from __future__ import annotations
 
 import importlib.metadata
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +16,7 @@ import torch
 
 import accel
 from helpers.installing import pip_install_into
+from helpers.processes import last_json_line, run_python
 
 EXAMPLE_PROVIDER = "accel-example-plugin 0.1.0"
 
@@ -44,21 +40,9 @@ def fixture_dists(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def _run_with(site: Path, code: str, **env: str) -> dict[str, Any]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
-    environment["PYTHONPATH"] = str(site)
-    environment.update(env)
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=environment,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return report
+def _run_with(site: Path, code: str, **env: str) -> Any:
+    """Run ``code`` with the distributions installed in ``site`` importable."""
+    return last_json_line(run_python(code, env={"PYTHONPATH": str(site), **env}))
 
 
 @pytest.fixture
@@ -100,24 +84,13 @@ def test_the_example_takes_part_in_auto_by_its_priority(xpu_present: None) -> No
 
 
 def test_the_default_registry_loads_the_example_lazily() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(
-                """
-            import sys, accel
-            print('accel_example_plugin' in sys.modules)
-            accel.list_accelerators()
-            print('accel_example_plugin' in sys.modules)
-            """
-            ),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout.split()
+    code = """
+        import sys, accel
+        print('accel_example_plugin' in sys.modules)
+        accel.list_accelerators()
+        print('accel_example_plugin' in sys.modules)
+        """
+    out = run_python(code, check=True).stdout.split()
     assert out == ["False", "True"]
 
 

@@ -23,6 +23,7 @@ from torch import nn
 import accel
 from helpers.fakes import CpuTpuPlugin, MetaTpuPlugin
 from helpers.models import OwnTieWeights, ThreeWayTie, TiedLM, UntiesOnPurpose
+from helpers.registries import isolated_registry
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 
@@ -54,8 +55,7 @@ class Unmovable(torch.Tensor):
 
 @pytest.fixture
 def cpu_tpu(overwrite_mode: None) -> accel.Accelerator:
-    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
-    registry.register(CpuTpuPlugin())
+    registry = isolated_registry(CpuTpuPlugin(), builtins=False)
     return registry.get_accelerator("tpu")
 
 
@@ -409,9 +409,9 @@ def test_a_move_that_unties_leaves_every_optimizer_as_it_was(
 def test_a_cross_cutting_plugin_failing_leaves_every_optimizer_as_it_was(
     overwrite_mode: None, device: str
 ) -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
-    registry.register(MetaTpuPlugin() if device == "meta" else CpuTpuPlugin())
-    registry.register(FailingPostMove())
+    registry = isolated_registry(
+        MetaTpuPlugin() if device == "meta" else CpuTpuPlugin(), FailingPostMove(), builtins=False
+    )
     acc = registry.get_accelerator("tpu")
     model = TiedLM()
     params = list(model.parameters())

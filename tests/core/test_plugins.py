@@ -11,6 +11,7 @@ import torch
 import accel
 from accel.plugins import CpuPlugin
 from helpers.fakes import FakeAccelerator
+from helpers.registries import isolated_registry
 
 
 def _plugin(**hooks: Any) -> object:
@@ -32,7 +33,7 @@ def _accelerator_plugin(name: str = "npu", **hooks: Any) -> object:
 
 
 def test_an_unknown_hook_name_is_rejected_with_a_suggestion() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     with pytest.raises(accel.PluginError, match=r"unknown hook 'is_availabel'") as info:
         registry.register(_plugin(is_availabel=lambda: True), name="typo")
     assert "Did you mean 'is_available'?" in str(info.value)
@@ -43,7 +44,7 @@ def test_an_unknown_hook_name_is_rejected_with_a_suggestion() -> None:
 
 
 def test_an_argument_the_hook_does_not_have_is_rejected() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     plugin = _accelerator_plugin(device_count=lambda accelerator, flavour: 1)
     with pytest.raises(accel.PluginError, match=r"device_count.*flavour") as info:
         registry.register(plugin, name="extra-arg")
@@ -56,14 +57,14 @@ def test_an_argument_the_hook_does_not_have_is_rejected() -> None:
     "returned", [None, "npu", 42, [accel.AcceleratorSpec("npu"), "gpu"], {"name": "npu"}]
 )
 def test_register_accelerators_must_return_specs(returned: object) -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     plugin = _plugin(register_accelerators=lambda: returned)
     with pytest.raises(accel.PluginError, match="must return AcceleratorSpec objects"):
         registry.register(plugin, name="junk")
 
 
 def test_an_accelerator_torch_has_no_device_type_for_must_implement_get_device() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     registry.register(
         _plugin(
             register_accelerators=lambda: [accel.AcceleratorSpec("npu")],
@@ -76,7 +77,7 @@ def test_an_accelerator_torch_has_no_device_type_for_must_implement_get_device()
 
 
 def test_a_single_spec_is_accepted_without_a_list() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     registry.register(
         _accelerator_plugin(register_accelerators=lambda: accel.AcceleratorSpec("npu"))
     )
@@ -115,7 +116,7 @@ def test_spec_names_are_normalised() -> None:
 def test_a_hook_returning_the_wrong_type_is_reported_naming_the_plugin(
     hook: str, value: object, expected: str
 ) -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     registry.register(_accelerator_plugin(**{hook: lambda: value}), name="sloppy")
     with pytest.raises(accel.PluginError) as info:
         _backend_of(registry.get_accelerator, "npu")
@@ -131,7 +132,7 @@ def _backend_of(get: Any, name: str) -> str:
 
 
 def test_is_available_returning_a_bool_makes_it_unavailable_with_the_reason() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     registry.register(_accelerator_plugin(is_available=lambda: True), name="boolish")
     info = {i.name: i for i in registry.list_accelerators()}["npu"]
     assert not info.available
@@ -139,7 +140,7 @@ def test_is_available_returning_a_bool_makes_it_unavailable_with_the_reason() ->
 
 
 def test_auto_is_a_reserved_name() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     with pytest.raises(accel.PluginError, match="'auto' is a reserved name"):
         registry.register(FakeAccelerator("npu", aliases=("auto",)))
 
@@ -147,7 +148,7 @@ def test_auto_is_a_reserved_name() -> None:
 def test_an_unhashable_plugin_is_rejected_clearly() -> None:
     import types
 
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     plugin = types.SimpleNamespace(is_available=accel.hookimpl(lambda: None))
     with pytest.raises(accel.PluginError, match="must be hashable"):
         registry.register(plugin)
@@ -157,7 +158,7 @@ def test_an_unhashable_plugin_is_rejected_clearly() -> None:
 
 
 def test_a_plugin_never_silently_replaces_a_builtin() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     with pytest.raises(accel.PluginError) as info:
         registry.register(FakeAccelerator("cpu"))
     message = str(info.value)
@@ -168,14 +169,14 @@ def test_a_plugin_never_silently_replaces_a_builtin() -> None:
 
 
 def test_an_alias_conflict_names_both_providers() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     with pytest.raises(accel.PluginError, match=r"'xla' is claimed twice: by 'tpu' from built-in"):
         registry.register(FakeAccelerator("mytpu", aliases=("xla",)))
     assert "mytpu" not in registry.names()
 
 
 def test_override_replaces_a_builtin_on_purpose() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     better_cpu = FakeAccelerator("cpu", device="meta")
     registry.register(better_cpu, override=True)
     acc = registry.get_accelerator("cpu")
@@ -187,7 +188,7 @@ def test_override_replaces_a_builtin_on_purpose() -> None:
 
 
 def test_one_provider_may_share_an_alias_among_its_accelerators() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    registry = isolated_registry(builtins=False)
 
     class TwoChips:
         @accel.hookimpl
@@ -246,7 +247,7 @@ def test_a_wrapper_among_the_implementations_leaves_the_call_to_pluggy() -> None
 
 
 def test_an_exception_in_a_hook_names_the_plugin_and_the_hook() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
 
     def explode(batch: Any) -> Any:
         raise KeyError("tokens")
@@ -260,7 +261,7 @@ def test_an_exception_in_a_hook_names_the_plugin_and_the_hook() -> None:
 
 
 def test_a_cross_cutting_hook_failure_names_that_plugin() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
 
     def refuse(model: torch.nn.Module) -> None:
         raise PermissionError("moves are frozen during the maintenance window")
@@ -289,7 +290,7 @@ def test_first_use_from_32_threads_initialises_once(monkeypatch: pytest.MonkeyPa
 
     builtins = (("cpu", counting_cpu), *accel.plugins.BUILTIN_PLUGINS[1:])
     monkeypatch.setattr(accel.plugins, "BUILTIN_PLUGINS", builtins)
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     barrier = threading.Barrier(32)
     results: list[object] = []
     errors: list[BaseException] = []
@@ -318,8 +319,8 @@ def test_first_use_from_32_threads_initialises_once(monkeypatch: pytest.MonkeyPa
 
 def test_a_cpu_plugin_instance_can_serve_two_registries() -> None:
     shared = CpuPlugin()
-    first = accel.AcceleratorRegistry(entry_points=None, builtins=False)
-    second = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    first = isolated_registry(builtins=False)
+    second = isolated_registry(builtins=False)
     first.register(shared)
     second.register(shared)
     first.unregister(shared)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
-import textwrap
 from typing import Any
 
 import pytest
@@ -13,22 +11,13 @@ import torch
 
 import accel
 from accel.plugins import tpu
+from helpers.processes import run_python
+from helpers.registries import isolated_registry
 
 
 def _run(code: str, **env: str) -> str:
-    import os
-
-    environment = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}
-    environment.update(env)
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=environment,
-        timeout=120,
-        check=True,
-    )
-    return result.stdout.strip()
+    """``code``'s stdout in a fresh process, with no PJRT device configured."""
+    return run_python(code, env={"PJRT_DEVICE": None, **env}, check=True).stdout.strip()
 
 
 def test_import_accel_loads_nothing_heavy() -> None:
@@ -82,7 +71,7 @@ def test_tpu_without_torch_xla_says_what_to_install(monkeypatch: pytest.MonkeyPa
     assert not availability.available
     assert availability.reason == "torch_xla is not installed"
     assert "'torch_xla==2.9.*'" in availability.remedy
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     with pytest.raises(accel.AcceleratorUnavailableError, match=r"'torch_xla==2\.9\.\*'"):
         registry.get_accelerator("xla")
 
@@ -148,7 +137,7 @@ def test_tpu_whose_import_fails_reports_the_error(
     assert not availability.available
     assert availability.reason.startswith("importing torch_xla failed: ImportError")
     assert "undefined symbol" in availability.reason
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     info = {i.name: i for i in registry.list_accelerators()}["tpu"]
     assert not info.available and "importing torch_xla failed" in info.reason
 
@@ -163,8 +152,7 @@ def test_a_plugin_whose_probe_raises_is_reported_unavailable() -> None:
         def is_available(self) -> accel.Availability:
             raise OSError("driver on fire")
 
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(Exploding())
+    registry = isolated_registry(Exploding())
     info = {i.name: i for i in registry.list_accelerators()}["boom"]
     assert not info.available
     assert "OSError: driver on fire" in info.reason

@@ -11,6 +11,7 @@ import torch
 import accel
 from accel.plugins.gpu import CudaPlugin, MpsPlugin
 from helpers.fakes import FakeAccelerator
+from helpers.registries import isolated_registry
 
 BUILTIN_NAMES = {
     "cpu": "cpu",
@@ -70,8 +71,7 @@ def test_index_beyond_device_count_is_unavailable(registry: accel.AcceleratorReg
 
 
 def test_index_checked_against_a_plugins_device_count() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(FakeAccelerator("npu", count=4))
+    registry = isolated_registry(FakeAccelerator("npu", count=4))
     assert registry.get_accelerator("npu:3").index == 3
     with pytest.raises(accel.AcceleratorUnavailableError, match="'npu:0' to 'npu:3'"):
         registry.get_accelerator("npu:4")
@@ -125,8 +125,7 @@ def test_unknown_name_far_from_everything_has_no_suggestion(
 
 
 def test_unavailable_accelerator_says_why_and_what_to_do() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(FakeAccelerator("npu", available=False))
+    registry = isolated_registry(FakeAccelerator("npu", available=False))
     with pytest.raises(accel.AcceleratorUnavailableError) as info:
         registry.get_accelerator("npu")
     assert isinstance(info.value, RuntimeError)
@@ -210,19 +209,20 @@ def test_blank_environment_variable_means_auto(
 
 
 def test_auto_picks_the_highest_priority_available() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(FakeAccelerator("low", priority=10))
-    registry.register(FakeAccelerator("high", priority=1000))
-    registry.register(FakeAccelerator("higher_but_down", priority=5000, available=False))
-    registry.register(FakeAccelerator("higher_not_auto", priority=6000, auto=False))
+    registry = isolated_registry(
+        FakeAccelerator("low", priority=10),
+        FakeAccelerator("high", priority=1000),
+        FakeAccelerator("higher_but_down", priority=5000, available=False),
+        FakeAccelerator("higher_not_auto", priority=6000, auto=False),
+    )
     assert registry.get_accelerator("auto").name == "high"
     assert registry.get_accelerator().name == "high"
 
 
 def test_auto_breaks_priority_ties_by_registration_order() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
-    registry.register(FakeAccelerator("first", priority=7))
-    registry.register(FakeAccelerator("second", priority=7))
+    registry = isolated_registry(
+        FakeAccelerator("first", priority=7), FakeAccelerator("second", priority=7), builtins=False
+    )
     assert registry.get_accelerator("auto").name == "first"
 
 
@@ -235,8 +235,7 @@ def test_auto_falls_back_to_cpu_when_nothing_else_is_available(
 
 
 def test_auto_with_nothing_available_explains_each() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
-    registry.register(FakeAccelerator("npu", available=False))
+    registry = isolated_registry(FakeAccelerator("npu", available=False), builtins=False)
     with pytest.raises(accel.AcceleratorUnavailableError, match="npu: fake says no"):
         registry.get_accelerator("auto")
 

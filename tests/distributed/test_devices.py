@@ -17,13 +17,12 @@ import accel.distributed as adist
 from accel.plugins import gpu
 from helpers.distributed import SingleGpu, no_launcher_and_no_group  # noqa: F401
 from helpers.fakes import FakeAccelerator
+from helpers.registries import isolated_registry
 
 
 @pytest.fixture
 def two_device_registry() -> accel.AcceleratorRegistry:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(FakeAccelerator("twin", count=2))
-    return registry
+    return isolated_registry(FakeAccelerator("twin", count=2))
 
 
 def worker(local_rank: int, world_size: int = 4) -> adist.TorchrunEnvironment:
@@ -76,8 +75,7 @@ def test_cpu_workers_share_the_one_cpu(registry: accel.AcceleratorRegistry) -> N
 
 
 def test_nccl_workers_never_share_a_device() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(SingleGpu("onegpu", count=1))
+    registry = isolated_registry(SingleGpu("onegpu", count=1))
     assert adist.local_accelerator("onegpu", worker(0), registry=registry).index == 0
     with pytest.raises(accel.AcceleratorUnavailableError, match="device index 1"):
         adist.local_accelerator("onegpu", worker(1), registry=registry)
@@ -109,7 +107,7 @@ def fake_cuda_build(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 @pytest.fixture
 def cuda_registry() -> accel.AcceleratorRegistry:
-    return accel.AcceleratorRegistry(entry_points=None)
+    return isolated_registry()
 
 
 def test_one_visible_gpu_per_worker_uses_device_0(
@@ -231,7 +229,7 @@ def test_cuda_group_carries_cpu_tensors_over_gloo(
 def mps(monkeypatch: pytest.MonkeyPatch) -> accel.Accelerator:
     monkeypatch.setattr(torch.backends.mps, "is_built", lambda: True)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
-    return accel.AcceleratorRegistry(entry_points=None).get_accelerator("mps")
+    return isolated_registry().get_accelerator("mps")
 
 
 def test_mps_claims_gloo_for_cpu_tensors_only(mps: accel.Accelerator) -> None:
@@ -250,8 +248,7 @@ def test_mps_workers_share_the_one_device(mps: accel.Accelerator) -> None:
 
 
 def test_a_backend_without_the_devices_tensors_is_refused_before_wrapping() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(FakeAccelerator("metaonly", device="meta"))  # gloo, on meta
+    registry = isolated_registry(FakeAccelerator("metaonly", device="meta"))  # gloo, on meta
     context = adist.init_process_group("metaonly", registry=registry)
     with pytest.raises(adist.DistributedSetupError, match=r"\('gloo'\) has no backend for meta"):
         adist.wrap_data_parallel(torch.nn.Linear(2, 2).to("meta"), context)

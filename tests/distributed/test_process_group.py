@@ -3,8 +3,6 @@ under torchrun on loopback (see distributed_helpers)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +21,12 @@ from helpers.distributed import (  # noqa: F401  (an autouse fixture)
     read_reports,
     run_torchrun,
     torchrun_env,
+    worker_overrides,
 )
 from helpers.fakes import FakeAccelerator
 from helpers.models import TiedLM
+from helpers.processes import run_python
+from helpers.registries import isolated_registry
 
 # -- the process group in this process -------------------------------------------------
 
@@ -62,8 +63,7 @@ def test_process_group_block_tears_down() -> None:
 
 
 def test_a_group_with_another_backend_must_be_torn_down_first() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(SingleGpu("onegpu", count=1))
+    registry = isolated_registry(SingleGpu("onegpu", count=1))
     adist.init_process_group("cpu")
     with pytest.raises(adist.DistributedSetupError, match=r"backend 'gloo'.*needs 'nccl'"):
         adist.init_process_group("onegpu", registry=registry)
@@ -71,8 +71,7 @@ def test_a_group_with_another_backend_must_be_torn_down_first() -> None:
 
 
 def test_another_accelerator_on_the_same_backend_must_tear_down_first() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(FakeAccelerator("other", device="meta"))  # gloo by default
+    registry = isolated_registry(FakeAccelerator("other", device="meta"))  # gloo by default
     adist.init_process_group("cpu")
     with pytest.raises(adist.DistributedSetupError, match="already set up for 'cpu'"):
         adist.init_process_group("other", registry=registry)
@@ -145,9 +144,7 @@ def test_wrap_refuses_what_is_not_a_module() -> None:
 
 def test_importing_the_module_does_not_import_torch() -> None:
     code = "import sys, accel.distributed; print('torch' in sys.modules)"
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
+    result = run_python(code, timeout=60, check=True)
     assert result.stdout.strip() == "False"
 
 
@@ -175,13 +172,9 @@ def test_torchrun_two_cpu_ranks_train_tied_model_in_step(tmp_path: Path) -> None
 
 
 def test_torchrun_worker_with_half_set_environment_fails_clearly(tmp_path: Path) -> None:
-    env = torchrun_env(RANK="0", WORLD_SIZE="1")
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "train_tied.py"), "cpu", str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_python(
+        [SCRIPTS / "train_tied.py", "cpu", str(tmp_path)],
+        env=worker_overrides(RANK="0", WORLD_SIZE="1"),
     )
     assert result.returncode != 0
     assert "DistributedSetupError" in result.stderr

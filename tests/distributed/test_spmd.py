@@ -7,8 +7,6 @@ fresh interpreters: SPMD over two XLA:CPU devices, and one device for reference.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,17 +18,14 @@ import accel
 import accel.distributed as adist
 from helpers.distributed import SCRIPTS, no_launcher_and_no_group  # noqa: F401
 from helpers.models import TiedLM
+from helpers.processes import run_python
 
 
 def train(mode: str, tmp_path: Path) -> dict[str, Any]:
     report = tmp_path / f"{mode}.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
-    env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="2")
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "spmd_tied.py"), mode, str(report), "3"],
-        env=env,
-        capture_output=True,
-        text=True,
+    result = run_python(
+        [SCRIPTS / "spmd_tied.py", mode, str(report), "3"],
+        env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"},
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-4000:]

@@ -30,6 +30,7 @@ from accel.distributed import DistributedSetupError
 from accel.plugins import tpu
 from helpers.fakes import MetaTpuPlugin
 from helpers.models import TiedLM, UntiesOnPurpose
+from helpers.registries import isolated_registry
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
 COLUMNS = ["ID", "Bad input", "Error", "Message says"]
@@ -131,13 +132,6 @@ def case(
     return register
 
 
-def _registry(*plugins: object, builtins: bool = True) -> accel.AcceleratorRegistry:
-    registry = accel.AcceleratorRegistry(entry_points=None, builtins=builtins)
-    for plugin in plugins:
-        registry.register(plugin)
-    return registry
-
-
 def _raise(exc: BaseException) -> Any:
     raise exc
 
@@ -229,27 +223,27 @@ def _listed(registry: accel.AcceleratorRegistry, name: str) -> accel.Accelerator
 
 @case("name-unknown", accel.AcceleratorNotFoundError)
 def _name_unknown(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("quantum")
+    return isolated_registry().get_accelerator("quantum")
 
 
 @case("name-typo", accel.AcceleratorNotFoundError)
 def _name_typo(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("cdua")
+    return isolated_registry().get_accelerator("cdua")
 
 
 @case("name-empty", ValueError)
 def _name_empty(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("")
+    return isolated_registry().get_accelerator("")
 
 
 @case("name-whitespace", ValueError)
 def _name_whitespace(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("   ")
+    return isolated_registry().get_accelerator("   ")
 
 
 @case("name-none", None)
 def _name_none(mp: pytest.MonkeyPatch) -> object:
-    registry = _registry()
+    registry = isolated_registry()
     assert registry.get_accelerator(None).name == registry.get_accelerator("auto").name
     mp.setenv("ACCEL_ACCELERATOR", "cpu")
     assert registry.get_accelerator(None).name == "cpu"
@@ -258,35 +252,35 @@ def _name_none(mp: pytest.MonkeyPatch) -> object:
 
 @case("name-int", TypeError)
 def _name_int(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator(0)  # type: ignore[arg-type]
+    return isolated_registry().get_accelerator(0)  # type: ignore[arg-type]
 
 
 @case("name-bytes", TypeError)
 def _name_bytes(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator(b"cpu")  # type: ignore[arg-type]
+    return isolated_registry().get_accelerator(b"cpu")  # type: ignore[arg-type]
 
 
 @case("name-torch-device", TypeError)
 def _name_torch_device(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator(torch.device("cuda", 1))  # type: ignore[arg-type]
+    return isolated_registry().get_accelerator(torch.device("cuda", 1))  # type: ignore[arg-type]
 
 
 @case("name-unavailable", accel.AcceleratorUnavailableError)
 def _name_unavailable(mp: pytest.MonkeyPatch) -> object:
     _without_cuda_or_mps(mp)
-    return _registry().get_accelerator("cuda")
+    return isolated_registry().get_accelerator("cuda")
 
 
 @case("name-gpu-unavailable", accel.AcceleratorUnavailableError)
 def _name_gpu_unavailable(mp: pytest.MonkeyPatch) -> object:
     _without_cuda_or_mps(mp)
-    return _registry().get_accelerator("gpu")
+    return isolated_registry().get_accelerator("gpu")
 
 
 @case("name-auto-none-available", accel.AcceleratorUnavailableError)
 def _name_auto_none_available(mp: pytest.MonkeyPatch) -> object:
     unavailable = _plugin(is_available=lambda self: accel.Availability(False, reason="no chip"))
-    return _registry(unavailable, builtins=False).get_accelerator("auto")
+    return isolated_registry(unavailable, builtins=False).get_accelerator("auto")
 
 
 # Device indices ------------------------------------------------------------------
@@ -294,37 +288,37 @@ def _name_auto_none_available(mp: pytest.MonkeyPatch) -> object:
 
 @case("index-beyond-count", accel.AcceleratorUnavailableError)
 def _index_beyond_count(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("cpu:1")
+    return isolated_registry().get_accelerator("cpu:1")
 
 
 @case("index-not-a-number", ValueError)
 def _index_not_a_number(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("cpu:x")
+    return isolated_registry().get_accelerator("cpu:x")
 
 
 @case("index-negative", ValueError)
 def _index_negative(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("cpu:-1")
+    return isolated_registry().get_accelerator("cpu:-1")
 
 
 @case("index-missing", ValueError)
 def _index_missing(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("cpu:")
+    return isolated_registry().get_accelerator("cpu:")
 
 
 @case("index-twice", ValueError)
 def _index_twice(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("cpu:0:1")
+    return isolated_registry().get_accelerator("cpu:0:1")
 
 
 @case("index-non-ascii-digit", ValueError)
 def _index_non_ascii_digit(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("cpu:²")
+    return isolated_registry().get_accelerator("cpu:²")
 
 
 @case("index-on-auto", ValueError)
 def _index_on_auto(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("auto:0")
+    return isolated_registry().get_accelerator("auto:0")
 
 
 # Environment variables -----------------------------------------------------------
@@ -333,31 +327,31 @@ def _index_on_auto(mp: pytest.MonkeyPatch) -> object:
 @case("env-unknown", accel.AcceleratorNotFoundError)
 def _env_unknown(mp: pytest.MonkeyPatch) -> object:
     mp.setenv("ACCEL_ACCELERATOR", "quantum")
-    return _registry().get_accelerator()
+    return isolated_registry().get_accelerator()
 
 
 @case("env-malformed", ValueError)
 def _env_malformed(mp: pytest.MonkeyPatch) -> object:
     mp.setenv("ACCEL_ACCELERATOR", "cpu:x")
-    return _registry().get_accelerator()
+    return isolated_registry().get_accelerator()
 
 
 @case("env-index-beyond-count", accel.AcceleratorUnavailableError)
 def _env_index_beyond_count(mp: pytest.MonkeyPatch) -> object:
     mp.setenv("ACCEL_ACCELERATOR", "cpu:3")
-    return _registry().get_accelerator()
+    return isolated_registry().get_accelerator()
 
 
 @case("env-unavailable", accel.AcceleratorUnavailableError)
 def _env_unavailable(mp: pytest.MonkeyPatch) -> object:
     _without_cuda_or_mps(mp)
     mp.setenv("ACCEL_ACCELERATOR", "cuda")
-    return _registry().get_accelerator()
+    return isolated_registry().get_accelerator()
 
 
 @case("env-blank", None)
 def _env_blank(mp: pytest.MonkeyPatch) -> object:
-    registry = _registry()
+    registry = isolated_registry()
     auto = registry.get_accelerator("auto").name
     mp.setenv("ACCEL_ACCELERATOR", "  ")
     assert registry.get_accelerator().name == auto
@@ -390,39 +384,39 @@ def _env_autoload_bad_value(mp: pytest.MonkeyPatch) -> object:
 
 @case("arg-tie-check", ValueError)
 def _arg_tie_check(mp: pytest.MonkeyPatch) -> object:
-    acc = _registry().get_accelerator("cpu")
+    acc = isolated_registry().get_accelerator("cpu")
     with pytest.raises(ValueError, match="got 'sometimes'"):
         acc.tie_check = "sometimes"  # type: ignore[assignment]
-    return _registry().get_accelerator("cpu", tie_check="sometimes")  # type: ignore[arg-type]
+    return isolated_registry().get_accelerator("cpu", tie_check="sometimes")  # type: ignore[arg-type]
 
 
 @case("arg-model-tensor", TypeError)
 def _arg_model_tensor(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("cpu").model_to_device(torch.zeros(2))  # type: ignore[type-var]
+    return isolated_registry().get_accelerator("cpu").model_to_device(torch.zeros(2))  # type: ignore[type-var]
 
 
 @case("arg-model-dict", TypeError)
 def _arg_model_dict(mp: pytest.MonkeyPatch) -> object:
     model = {"encoder": nn.Linear(2, 2)}
-    return _registry().get_accelerator("cpu").model_to_device(model)  # type: ignore[type-var]
+    return isolated_registry().get_accelerator("cpu").model_to_device(model)  # type: ignore[type-var]
 
 
 @case("arg-optimizer-str", TypeError)
 def _arg_optimizer_str(mp: pytest.MonkeyPatch) -> object:
-    acc = _registry().get_accelerator("cpu")
+    acc = isolated_registry().get_accelerator("cpu")
     return acc.model_to_device(nn.Linear(2, 2), optimizer="adam")  # type: ignore[arg-type]
 
 
 @case("arg-optimizer-int", TypeError)
 def _arg_optimizer_int(mp: pytest.MonkeyPatch) -> object:
-    acc = _registry().get_accelerator("cpu")
+    acc = isolated_registry().get_accelerator("cpu")
     return acc.model_to_device(nn.Linear(2, 2), optimizer=3)  # type: ignore[arg-type]
 
 
 @case("arg-optimizer-module", TypeError)
 def _arg_optimizer_module(mp: pytest.MonkeyPatch) -> object:
     model = nn.Linear(2, 2)
-    acc = _registry().get_accelerator("cpu")
+    acc = isolated_registry().get_accelerator("cpu")
     return acc.model_to_device(model, optimizer=model)  # type: ignore[arg-type]
 
 
@@ -430,7 +424,7 @@ def _arg_optimizer_module(mp: pytest.MonkeyPatch) -> object:
 def _arg_optimizer_list_of_junk(mp: pytest.MonkeyPatch) -> object:
     model = nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    acc = _registry().get_accelerator("cpu")
+    acc = isolated_registry().get_accelerator("cpu")
     return acc.model_to_device(model, optimizer=[optimizer, "sgd"])  # type: ignore[list-item]
 
 
@@ -441,14 +435,14 @@ def _arg_optimizer_list_of_junk(mp: pytest.MonkeyPatch) -> object:
 def _batch_list_contains_itself(mp: pytest.MonkeyPatch) -> object:
     batch: list[Any] = [torch.zeros(1)]
     batch.append(batch)
-    return _registry().get_accelerator("cpu").batch_to_device(batch)
+    return isolated_registry().get_accelerator("cpu").batch_to_device(batch)
 
 
 @case("batch-dict-contains-itself", ValueError)
 def _batch_dict_contains_itself(mp: pytest.MonkeyPatch) -> object:
     batch: dict[str, Any] = {"x": torch.zeros(1)}
     batch["self"] = batch
-    return _registry().get_accelerator("cpu").batch_to_device(batch)
+    return isolated_registry().get_accelerator("cpu").batch_to_device(batch)
 
 
 @case("batch-too-deep", ValueError)
@@ -456,7 +450,7 @@ def _batch_too_deep(mp: pytest.MonkeyPatch) -> object:
     batch: Any = torch.zeros(1)
     for _ in range(2 * sys.getrecursionlimit()):
         batch = [batch]
-    return _registry().get_accelerator("cpu").batch_to_device(batch)
+    return isolated_registry().get_accelerator("cpu").batch_to_device(batch)
 
 
 class Pair(tuple[Any, ...]):
@@ -468,7 +462,7 @@ class Pair(tuple[Any, ...]):
 
 @case("batch-unrebuildable-container", TypeError)
 def _batch_unrebuildable_container(mp: pytest.MonkeyPatch) -> object:
-    return _registry().get_accelerator("cpu").batch_to_device(Pair(torch.zeros(1), 1))
+    return isolated_registry().get_accelerator("cpu").batch_to_device(Pair(torch.zeros(1), 1))
 
 
 # Plugins: registration -------------------------------------------------------------
@@ -476,19 +470,19 @@ def _batch_unrebuildable_container(mp: pytest.MonkeyPatch) -> object:
 
 @case("plugin-unknown-hook", accel.PluginError)
 def _plugin_unknown_hook(mp: pytest.MonkeyPatch) -> object:
-    return _registry(_plugin(model_to_devcie=lambda self, model: model))
+    return isolated_registry(_plugin(model_to_devcie=lambda self, model: model))
 
 
 @case("plugin-hook-extra-argument", accel.PluginError)
 def _plugin_hook_extra_argument(mp: pytest.MonkeyPatch) -> object:
-    return _registry(_plugin(is_available=lambda self, verbose: accel.Availability(True)))
+    return isolated_registry(_plugin(is_available=lambda self, verbose: accel.Availability(True)))
 
 
 @case("plugin-unhashable", accel.PluginError)
 def _plugin_unhashable(mp: pytest.MonkeyPatch) -> object:
     plugin = _plugin()
     type(plugin).__hash__ = None  # type: ignore[assignment]
-    return _registry(plugin)
+    return isolated_registry(plugin)
 
 
 class Forgotten:
@@ -503,57 +497,57 @@ class Forgotten:
 
 @case("plugin-no-hooks", accel.PluginError)
 def _plugin_no_hooks(mp: pytest.MonkeyPatch) -> object:
-    return _registry(Forgotten())
+    return isolated_registry(Forgotten())
 
 
 @case("plugin-registered-twice", accel.PluginError)
 def _plugin_registered_twice(mp: pytest.MonkeyPatch) -> object:
     plugin = _plugin()
-    registry = _registry(plugin)
+    registry = isolated_registry(plugin)
     registry.register(plugin)
     return registry
 
 
 @case("plugin-unregister-unknown", accel.PluginError)
 def _plugin_unregister_unknown(mp: pytest.MonkeyPatch) -> object:
-    registry = _registry()
+    registry = isolated_registry()
     registry.unregister(_plugin())
     return registry
 
 
 @case("plugin-specs-junk", accel.PluginError)
 def _plugin_specs_junk(mp: pytest.MonkeyPatch) -> object:
-    return _registry(_plugin(register_accelerators=lambda self: ["npu"]))
+    return isolated_registry(_plugin(register_accelerators=lambda self: ["npu"]))
 
 
 @case("plugin-specs-raise", accel.PluginError)
 def _plugin_specs_raise(mp: pytest.MonkeyPatch) -> object:
-    return _registry(_plugin(register_accelerators=lambda self: _raise(KeyError("npu"))))
+    return isolated_registry(_plugin(register_accelerators=lambda self: _raise(KeyError("npu"))))
 
 
 @case("plugin-specs-twice", accel.PluginError)
 def _plugin_specs_twice(mp: pytest.MonkeyPatch) -> object:
     specs = [accel.AcceleratorSpec("npu"), accel.AcceleratorSpec("NPU")]
-    return _registry(_plugin(register_accelerators=lambda self: specs))
+    return isolated_registry(_plugin(register_accelerators=lambda self: specs))
 
 
 @case("plugin-claims-auto", accel.PluginError)
 def _plugin_claims_auto(mp: pytest.MonkeyPatch) -> object:
     with pytest.raises(accel.PluginError, match="'auto' is a reserved name"):
-        _registry(_plugin(register_accelerators=lambda self: accel.AcceleratorSpec("auto")))
+        isolated_registry(_plugin(register_accelerators=lambda self: accel.AcceleratorSpec("auto")))
     spec = accel.AcceleratorSpec("npu", aliases=("auto",))
-    return _registry(_plugin(register_accelerators=lambda self: spec))
+    return isolated_registry(_plugin(register_accelerators=lambda self: spec))
 
 
 @case("plugin-name-conflict", accel.PluginError)
 def _plugin_name_conflict(mp: pytest.MonkeyPatch) -> object:
-    return _registry(_plugin("cuda"))
+    return isolated_registry(_plugin("cuda"))
 
 
 @case("plugin-alias-conflict", accel.PluginError)
 def _plugin_alias_conflict(mp: pytest.MonkeyPatch) -> object:
     spec = accel.AcceleratorSpec("npu", aliases=("gpu",))
-    return _registry(_plugin(register_accelerators=lambda self: spec))
+    return isolated_registry(_plugin(register_accelerators=lambda self: spec))
 
 
 # Plugins: what their hooks return ------------------------------------------------------
@@ -561,7 +555,7 @@ def _plugin_alias_conflict(mp: pytest.MonkeyPatch) -> object:
 
 @case("plugin-available-bool", accel.AcceleratorUnavailableError)
 def _plugin_available_bool(mp: pytest.MonkeyPatch) -> object:
-    registry = _registry(_plugin(is_available=lambda self: True))
+    registry = isolated_registry(_plugin(is_available=lambda self: True))
     info = _listed(registry, "npu")
     assert not info.available
     assert "returned bool (True)" in info.reason
@@ -571,7 +565,9 @@ def _plugin_available_bool(mp: pytest.MonkeyPatch) -> object:
 
 @case("plugin-available-raises", accel.AcceleratorUnavailableError)
 def _plugin_available_raises(mp: pytest.MonkeyPatch) -> object:
-    registry = _registry(_plugin(is_available=lambda self: _raise(OSError("driver on fire"))))
+    registry = isolated_registry(
+        _plugin(is_available=lambda self: _raise(OSError("driver on fire")))
+    )
     info = _listed(registry, "npu")
     assert not info.available
     assert info.reason == "probing it failed: OSError: driver on fire"
@@ -580,27 +576,27 @@ def _plugin_available_raises(mp: pytest.MonkeyPatch) -> object:
 
 @case("plugin-available-missing", accel.AcceleratorUnavailableError)
 def _plugin_available_missing(mp: pytest.MonkeyPatch) -> object:
-    return _registry(_plugin(is_available=None)).get_accelerator("npu")
+    return isolated_registry(_plugin(is_available=None)).get_accelerator("npu")
 
 
 @case("plugin-count-str", accel.PluginError)
 def _plugin_count_str(mp: pytest.MonkeyPatch) -> object:
-    return _registry(_plugin(device_count=lambda self: "2")).get_accelerator("npu")
+    return isolated_registry(_plugin(device_count=lambda self: "2")).get_accelerator("npu")
 
 
 @case("plugin-count-bool", accel.PluginError)
 def _plugin_count_bool(mp: pytest.MonkeyPatch) -> object:
-    return _registry(_plugin(device_count=lambda self: True)).get_accelerator("npu")
+    return isolated_registry(_plugin(device_count=lambda self: True)).get_accelerator("npu")
 
 
 @case("plugin-count-negative", accel.PluginError)
 def _plugin_count_negative(mp: pytest.MonkeyPatch) -> object:
-    return _registry(_plugin(device_count=lambda self: -1)).get_accelerator("npu")
+    return isolated_registry(_plugin(device_count=lambda self: -1)).get_accelerator("npu")
 
 
 @case("plugin-count-raises", OSError, needs_notes=True)
 def _plugin_count_raises(mp: pytest.MonkeyPatch) -> object:
-    registry = _registry(_plugin(device_count=lambda self: _raise(OSError("smi gone"))))
+    registry = isolated_registry(_plugin(device_count=lambda self: _raise(OSError("smi gone"))))
     info = _listed(registry, "npu")
     assert not info.available
     assert info.reason == "device_count failed: OSError: smi gone"
@@ -609,30 +605,30 @@ def _plugin_count_raises(mp: pytest.MonkeyPatch) -> object:
 
 @case("plugin-get-device-str", accel.PluginError)
 def _plugin_get_device_str(mp: pytest.MonkeyPatch) -> object:
-    return _registry(_plugin(get_device=lambda self: "npu:0")).get_accelerator("npu")
+    return isolated_registry(_plugin(get_device=lambda self: "npu:0")).get_accelerator("npu")
 
 
 @case("plugin-get-device-missing", accel.PluginError)
 def _plugin_get_device_missing(mp: pytest.MonkeyPatch) -> object:
-    return _registry(_plugin(get_device=None)).get_accelerator("npu")
+    return isolated_registry(_plugin(get_device=None)).get_accelerator("npu")
 
 
 @case("plugin-backend-int", accel.PluginError)
 def _plugin_backend_int(mp: pytest.MonkeyPatch) -> object:
-    acc = _registry(_plugin(distributed_backend=lambda self: 3)).get_accelerator("npu")
+    acc = isolated_registry(_plugin(distributed_backend=lambda self: 3)).get_accelerator("npu")
     return acc.distributed_backend
 
 
 @case("plugin-move-returns-junk", accel.PluginError)
 def _plugin_move_returns_junk(mp: pytest.MonkeyPatch) -> object:
-    acc = _registry(_plugin(model_to_device=lambda self: "moved")).get_accelerator("npu")
+    acc = isolated_registry(_plugin(model_to_device=lambda self: "moved")).get_accelerator("npu")
     return acc.model_to_device(nn.Linear(2, 2))
 
 
 @case("plugin-hook-raises-at-move", RuntimeError, needs_notes=True)
 def _plugin_hook_raises_at_move(mp: pytest.MonkeyPatch) -> object:
     failing = _plugin(post_move_hook=lambda self: _raise(RuntimeError("validation failed")))
-    acc = _registry(failing).get_accelerator("npu")
+    acc = isolated_registry(failing).get_accelerator("npu")
     model = nn.Linear(2, 2)
     weight = model.weight
     try:
@@ -699,7 +695,7 @@ def _spec_availability_auto_not_bool(mp: pytest.MonkeyPatch) -> object:
 @case("tpu-xla-not-installed", accel.AcceleratorUnavailableError)
 def _tpu_xla_not_installed(mp: pytest.MonkeyPatch) -> object:
     _torch_xla(mp, installed=False, pjrt="CPU")
-    return _registry().get_accelerator("tpu")
+    return isolated_registry().get_accelerator("tpu")
 
 
 @case("tpu-torch-xla-mismatch", accel.AcceleratorUnavailableError)
@@ -709,37 +705,37 @@ def _tpu_torch_xla_mismatch(mp: pytest.MonkeyPatch) -> object:
     _torch_xla(mp, installed=True, pjrt="CPU")
     fake = {"torch": "2.13.0", "torch_xla": "2.9.0"}
     mp.setattr(_xla_versions, "version", lambda d: fake.get(d) or importlib.metadata.version(d))
-    return _registry().get_accelerator("tpu")
+    return isolated_registry().get_accelerator("tpu")
 
 
 @case("tpu-pjrt-unset", accel.AcceleratorUnavailableError)
 def _tpu_pjrt_unset(mp: pytest.MonkeyPatch) -> object:
     _torch_xla(mp, installed=True, pjrt=None)
-    return _registry().get_accelerator("tpu")
+    return isolated_registry().get_accelerator("tpu")
 
 
 @case("tpu-pjrt-unknown", accel.AcceleratorUnavailableError)
 def _tpu_pjrt_unknown(mp: pytest.MonkeyPatch) -> object:
     _torch_xla(mp, installed=True, pjrt="QUANTUM")
-    return _registry().get_accelerator("tpu")
+    return isolated_registry().get_accelerator("tpu")
 
 
 @case("tpu-pjrt-cuda-no-plugin", accel.AcceleratorUnavailableError)
 def _tpu_pjrt_cuda_no_plugin(mp: pytest.MonkeyPatch) -> object:
     _started_torch_xla(mp, "CUDA", RuntimeError("No PjRtPlugin registered for: CUDA. Make sure"))
-    return _registry().get_accelerator("tpu")
+    return isolated_registry().get_accelerator("tpu")
 
 
 @case("tpu-pjrt-cuda-no-torch-xla", accel.AcceleratorUnavailableError)
 def _tpu_pjrt_cuda_no_torch_xla(mp: pytest.MonkeyPatch) -> object:
     _torch_xla(mp, installed=False, pjrt="CUDA")
-    return _registry().get_accelerator("tpu")
+    return isolated_registry().get_accelerator("tpu")
 
 
 @case("tpu-pjrt-neuron-no-sdk", accel.AcceleratorUnavailableError)
 def _tpu_pjrt_neuron_no_sdk(mp: pytest.MonkeyPatch) -> object:
     _started_torch_xla(mp, "NEURON", AssertionError("the runtime must not start"))
-    return _registry().get_accelerator("tpu")
+    return isolated_registry().get_accelerator("tpu")
 
 
 def _started_torch_xla(mp: pytest.MonkeyPatch, pjrt: str, start_error: Exception) -> None:
@@ -763,19 +759,19 @@ def _started_torch_xla(mp: pytest.MonkeyPatch, pjrt: str, start_error: Exception
 def _tpu_pjrt_tpu_no_hardware(mp: pytest.MonkeyPatch) -> object:
     # Importing torch_xla would fail here; the message proves it was not tried.
     _torch_xla(mp, installed=True, pjrt="TPU")
-    return _registry().get_accelerator("xla")
+    return isolated_registry().get_accelerator("xla")
 
 
 @case("tpu-xla-import-fails", accel.AcceleratorUnavailableError)
 def _tpu_xla_import_fails(mp: pytest.MonkeyPatch) -> object:
     _torch_xla(mp, installed=True, pjrt="CPU")
-    return _registry().get_accelerator("tpu")
+    return isolated_registry().get_accelerator("tpu")
 
 
 @case("tpu-tie-broken-by-model", accel.WeightTyingError)
 def _tpu_tie_broken_by_model(mp: pytest.MonkeyPatch) -> object:
     # The real TPU plugin's hooks, moving to `meta`, which unties exactly like XLA.
-    acc = _registry(MetaTpuPlugin(), builtins=False).get_accelerator("tpu")
+    acc = isolated_registry(MetaTpuPlugin(), builtins=False).get_accelerator("tpu")
     model = UntiesOnPurpose()
     assert isinstance(model, TiedLM) and model.head.weight is model.embed.weight
     return acc.model_to_device(model)
@@ -785,7 +781,7 @@ def _tpu_tie_broken_by_model(mp: pytest.MonkeyPatch) -> object:
 def _tpu_tie_appeared_by_model(mp: pytest.MonkeyPatch) -> object:
     from helpers.models import TiesOnTieWeights
 
-    acc = _registry(MetaTpuPlugin(), builtins=False).get_accelerator("tpu")
+    acc = isolated_registry(MetaTpuPlugin(), builtins=False).get_accelerator("tpu")
     model = TiesOnTieWeights()
     assert model.head.weight is not model.embed.weight  # untied before the move
     head = model.head.weight

@@ -19,6 +19,7 @@ import pytest
 import accel
 import accel.distributed as adist
 from helpers.fakes import FakeAccelerator
+from helpers.processes import clean_environment
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "distributed" / "scripts"
 TORCHRUN_TIMEOUT_S = 180
@@ -62,18 +63,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def worker_env(**extra: str) -> dict[str, str]:
-    """This process's environment without launcher variables, on loopback, plus ``extra``."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in LAUNCH_VARIABLES and not k.startswith("ACCEL_")
-    }
+def worker_overrides(**extra: str) -> dict[str, str | None]:
+    """What a worker's environment changes (for `helpers.processes`): no launcher
+    variables, on loopback, one OpenMP thread, then ``extra``."""
+    env: dict[str, str | None] = dict.fromkeys(LAUNCH_VARIABLES)
     if sys.platform.startswith("linux"):
         env["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only, whatever the hostname resolves to
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
     return env
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """This process's environment without launcher variables (nor accel's), on
+    loopback, plus ``extra``: a whole environment, for `subprocess.Popen`."""
+    return clean_environment(worker_overrides(**extra))
 
 
 torchrun_env = worker_env

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+from helpers.processes import run_python
 
 DISTS = Path(__file__).resolve().parents[1] / "dists"
 
 
 def pip_install_into(target: Path, *projects: str) -> Path:
     """pip-install the named tests/dists/ projects into ``target`` (for PYTHONPATH)."""
-    subprocess.run(
+    run_python(
         [
-            sys.executable,
             "-m",
             "pip",
             "install",
@@ -24,8 +23,7 @@ def pip_install_into(target: Path, *projects: str) -> Path:
             str(target),
             *(str(DISTS / project) for project in projects),
         ],
-        check=True,
-        capture_output=True,
         timeout=300,
+        check=True,
     )
     return target

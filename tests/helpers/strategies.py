@@ -26,6 +26,7 @@ from torch import nn
 
 import accel
 from accel.tying import count_unique_parameters, empty_duplicate_slots, find_tied_parameters
+from helpers.registries import isolated_registry
 
 ALL_PARAM_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 INT_BUFFER_DTYPE = torch.int64
@@ -464,11 +465,7 @@ HOOK_FAULTS = (
 
 
 def make_accelerator(plugin: object, name: str = "tpu", *extra: object) -> accel.Accelerator:
-    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
-    registry.register(plugin)
-    for other in extra:
-        registry.register(other)
-    return registry.get_accelerator(name)
+    return isolated_registry(plugin, *extra, builtins=False).get_accelerator(name)
 
 
 def assert_noted_restored(exc: BaseException) -> None:

@@ -89,13 +89,6 @@ class RecordingAccelerator(BareAccelerator):
         return [name for name, _ in self.calls]
 
 
-def registry_with(*plugins: object) -> accel.AcceleratorRegistry:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    for plugin in plugins:
-        registry.register(plugin)
-    return registry
-
-
 def linear_model_and_optimizer(lr: float = 0.1) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)

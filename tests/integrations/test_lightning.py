@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from lightning.fabric.accelerators import Accelerator as FabricAccelerator
@@ -14,13 +11,13 @@ import accel
 from accel.integrations.lightning import AccelAccelerator, AccelFabricStrategy, AccelStrategy
 from helpers.fakes import FakeAccelerator
 from helpers.integration_plugins import VendorPlugin
+from helpers.processes import run_python
+from helpers.registries import isolated_registry
 
 
 @pytest.fixture
 def vendor_registry() -> accel.AcceleratorRegistry:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(VendorPlugin(count=3))
-    return registry
+    return isolated_registry(VendorPlugin(count=3))
 
 
 @pytest.fixture
@@ -145,8 +142,7 @@ def test_alone_lightning_would_put_an_unknown_accelerator_on_the_cpu(
 def test_strategy_takes_the_device_from_the_accelerator() -> None:
     from lightning.fabric import Fabric
 
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(FakeAccelerator("metanpu", device="meta"))
+    registry = isolated_registry(FakeAccelerator("metanpu", device="meta"))
     fabric = Fabric(strategy=AccelFabricStrategy("metanpu", registry=registry), devices=1)
     assert fabric.device == torch.device("meta")
     assert isinstance(fabric.accelerator, AccelAccelerator)
@@ -175,14 +171,8 @@ def test_strategy_registry_needs_a_name(registry: accel.AcceleratorRegistry) -> 
         AccelStrategy(AccelAccelerator("cpu", registry=registry), registry=registry)
 
 
-def _run_python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
-
-
 def test_import_accel_imports_no_integration() -> None:
-    result = _run_python(
+    result = run_python(
         "import sys, accel\n"
         "accel.get_accelerator('cpu')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
@@ -193,7 +183,7 @@ def test_import_accel_imports_no_integration() -> None:
 
 
 def test_missing_lightning_says_what_to_install() -> None:
-    result = _run_python(
+    result = run_python(
         "import sys\nsys.modules['lightning'] = None\nimport accel.integrations.lightning"
     )
     assert result.returncode != 0

@@ -21,6 +21,7 @@ from accel.integrations.lightning import AccelAccelerator, AccelFabricStrategy, 
 from helpers.fakes import MoveRecorder
 from helpers.integration_plugins import VendorPlugin
 from helpers.models import TiedLM
+from helpers.registries import isolated_registry
 from helpers.tied_training import (
     LR,
     STEPS,
@@ -61,10 +62,8 @@ class Run:
 
 @pytest.fixture(params=["cpu", VendorPlugin.NAME])
 def run(request: pytest.FixtureRequest) -> Run:
-    registry = accel.AcceleratorRegistry(entry_points=None)
     vendor, recorder = VendorPlugin(), MoveRecorder()
-    registry.register(vendor)
-    registry.register(recorder)
+    registry = isolated_registry(vendor, recorder)
     return Run(request.param, registry, vendor, recorder)
 
 
@@ -121,8 +120,7 @@ def test_trainer_fits_a_tied_model(run: Run, tmp_path: Path) -> None:
 
 
 def test_trainer_accepts_the_accelerator_and_strategy_apart(tmp_path: Path) -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(VendorPlugin())
+    registry = isolated_registry(VendorPlugin())
     initial = initial_model()
     module = TiedLMModule(copy.deepcopy(initial))
     trainer = _trainer(

@@ -16,6 +16,7 @@ from accel.plugins import CudaPlugin, MpsPlugin
 from accel.training.device_loader import PrefetchingLoader
 from accel.training.memory import MEMORY_KEYS
 from helpers.fakes import MetaTpuPlugin
+from helpers.registries import isolated_registry
 
 
 class AvailableCuda(CudaPlugin):
@@ -35,8 +36,7 @@ class AvailableMps(MpsPlugin):
 
 
 def _accelerator(plugin: object, name: str) -> accel.Accelerator:
-    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
-    registry.register(plugin)
+    registry = isolated_registry(plugin, builtins=False)
     return registry.get_accelerator(name)
 
 

@@ -11,6 +11,7 @@ import torch
 import accel
 from accel.tying import count_unique_parameters
 from helpers.models import TiedLM
+from helpers.registries import isolated_registry
 
 pytestmark = pytest.mark.xla
 
@@ -37,9 +38,8 @@ def test_the_wrapped_model_moves_under_the_lock_with_its_ties() -> None:
     model = TiedLM()
     expected = {name: p.detach().clone() for name, p in model.named_parameters()}
     wrapper = xmp.MpModelWrapper(model)
-    registry = accel.AcceleratorRegistry(entry_points=None)
     probe = LockProbe(wrapper._lock)
-    registry.register(probe)
+    registry = isolated_registry(probe)
     tpu = registry.get_accelerator("tpu")
 
     moved = tpu.model_to_device(wrapper)

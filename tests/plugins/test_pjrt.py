@@ -28,6 +28,7 @@ from accel.plugins import _pjrt
 from accel.plugins import tpu as tpu_plugin
 from accel.plugins._pjrt import PjrtDevice
 from accel.tools.cli import main
+from helpers.registries import isolated_registry
 
 CUDA_REFUSAL = "No PjRtPlugin registered for: CUDA. Make sure the environment variable ..."
 
@@ -179,7 +180,7 @@ def test_accel_list_and_info_show_the_reason_without_a_traceback(
 ) -> None:
     monkeypatch.setenv("PJRT_DEVICE", "CUDA")
     _fake_torch_xla(monkeypatch, RuntimeError(CUDA_REFUSAL))
-    monkeypatch.setattr(accel, "_default_registry", accel.AcceleratorRegistry(entry_points=None))
+    monkeypatch.setattr(accel, "_default_registry", isolated_registry())
     assert main(["list"]) == 0
     listed = capsys.readouterr().out
     tpu_line = next(line for line in listed.splitlines() if line.startswith("tpu "))

@@ -35,6 +35,7 @@ from helpers.models import (
     TiesOnTieWeights,
     UntiesOnPurpose,
 )
+from helpers.registries import isolated_registry
 
 XLA = pytest.param("xla", marks=pytest.mark.xla)
 
@@ -55,7 +56,7 @@ class Route:
 def _route(request: pytest.FixtureRequest, kind: str) -> Route:
     if kind == "meta":
         return Route(kind, request.getfixturevalue("meta_tpu"), None)
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     if kind == "overwrite":
         request.getfixturevalue("overwrite_mode")
         registry.register(CpuTpuPlugin(), override=True)

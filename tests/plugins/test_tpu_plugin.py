@@ -5,9 +5,7 @@ guard runs. The ties its moves keep are tested in tests/plugins/test_tpu_moves.p
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import textwrap
 import types
 
 import pytest
@@ -21,6 +19,8 @@ from accel.plugins.tpu import move_can_untie
 from accel.tying import count_unique_parameters
 from helpers.fakes import CpuTpuPlugin, FakeAccelerator
 from helpers.models import TiedLM
+from helpers.processes import run_python
+from helpers.registries import isolated_registry
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def test_a_cpu_move_never_runs_the_tying_code(
 def test_a_tpu_move_is_guarded_once_by_the_plugin_and_its_companion(
     overwrite_mode: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     registry.register(CpuTpuPlugin(), override=True)
     captures: list[str] = []
     original = tying.TyingSnapshot.capture.__func__  # type: ignore[attr-defined]
@@ -109,8 +109,7 @@ def test_a_tpu_move_is_guarded_once_by_the_plugin_and_its_companion(
 
 
 def test_another_accelerator_moving_to_meta_keeps_ties() -> None:
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    registry.register(FakeAccelerator("npu", device="meta"))
+    registry = isolated_registry(FakeAccelerator("npu", device="meta"))
     model = registry.get_accelerator("npu").model_to_device(TiedLM())
     assert model.head.weight is model.embed.weight
     assert model.head.weight.device.type == "meta"
@@ -120,20 +119,8 @@ def test_another_accelerator_moving_to_meta_keeps_ties() -> None:
 
 
 def _python(code: str, **env: str | None) -> str:
-    environment = dict(os.environ)
-    for key, value in env.items():
-        if value is None:
-            environment.pop(key, None)
-        else:
-            environment[key] = value
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=environment,
-        timeout=300,
-        check=False,
-    )
+    """``code``'s stdout in a fresh process; ``env`` sets variables (None deletes one)."""
+    result = run_python(code, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 
@@ -259,12 +246,8 @@ def test_a_model_trained_on_xla_exports_to_the_cpu_tied(
 
 @pytest.mark.xla
 def test_demo_on_tpu_reports_equal_counts_and_held_ties() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "accel", "demo", "--accelerator", "tpu", "--steps", "5"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    result = run_python(
+        ["-m", "accel", "demo", "--accelerator", "tpu", "--steps", "5"], timeout=300
     )
     assert result.returncode == 0, result.stderr
     assert "device: xla:0" in result.stdout

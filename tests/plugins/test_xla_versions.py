@@ -18,6 +18,7 @@ import pytest
 
 import accel
 from accel.plugins import _xla_versions, tpu
+from helpers.registries import isolated_registry
 
 REPO = Path(__file__).resolve().parents[2]
 InstallFake = Callable[..., None]
@@ -120,7 +121,7 @@ def test_the_probe_reports_a_mismatch_without_importing_torch_xla(
         "torch_xla 2.9.0 needs torch 2.9.x, but torch 2.13.0+cpu is installed"
     )
     assert availability.remedy == "pip install 'torch==2.9.*' 'torch_xla==2.9.*'"
-    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry = isolated_registry()
     with pytest.raises(accel.AcceleratorUnavailableError) as caught:
         registry.get_accelerator("tpu")
     assert "pip install 'torch==2.9.*' 'torch_xla==2.9.*'" in str(caught.value)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
-import os
 import subprocess
 import sys
 import warnings
@@ -25,9 +24,9 @@ import accel
 import accel.tools.demo
 from accel.tools.cli import main
 from helpers.installing import pip_install_into
+from helpers.processes import ACCEL_SCRIPT, last_json_line, run_command, run_python
 
 REPO = Path(__file__).resolve().parents[2]
-ACCEL_SCRIPT = Path(sys.executable).parent / "accel"
 EXAMPLE_PROVIDER = "accel-example-plugin 0.1.0"
 FACTORIES = "tests.helpers.cli_factories"
 INFO_FIELDS = {field.name for field in dataclasses.fields(accel.AcceleratorInfo)}
@@ -61,23 +60,20 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Run:
     return run
 
 
-def _environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "PJRT_"))}
-    env.update(extra)
-    return env
+#: The real `accel` runs from the repository root, so that `accel check` can import
+#: tests.helpers.cli_factories, with neither accel's variables nor a PJRT device.
+NOT_INHERITED = ("ACCEL_", "PJRT_")
 
 
-def run_process(
-    command: list[str], *, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        command,
-        cwd=REPO,
-        env=env if env is not None else _environment(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+def python(code_or_args: str | list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -c CODE`` or ``python ARGS`` in a fresh process (see NOT_INHERITED)."""
+    return run_python(code_or_args, env=env, drop_prefixes=NOT_INHERITED, cwd=REPO, timeout=180)
+
+
+def accel_script(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The `accel` console script pip installed, the same way."""
+    return run_command(
+        [ACCEL_SCRIPT, *args], env=env, drop_prefixes=NOT_INHERITED, cwd=REPO, timeout=180
     )
 
 
@@ -150,16 +146,12 @@ main(["list"])
 main(["info", "cpu"])
 print(json.dumps({"torch_after_help": after_help, "torch_xla": "torch_xla" in sys.modules}))
 """
-    result = run_process([sys.executable, "-c", code])  # PJRT_DEVICE is unset
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = last_json_line(python(code))  # PJRT_DEVICE is unset
     assert report == {"torch_after_help": False, "torch_xla": False}
 
 
 def test_the_console_script_help_imports_no_torch() -> None:
-    result = run_process(
-        [str(ACCEL_SCRIPT), "--help"], env=_environment(PYTHONPROFILEIMPORTTIME="1")
-    )
+    result = accel_script("--help", PYTHONPROFILEIMPORTTIME="1")
     assert result.returncode == 0
     assert result.stdout.startswith("usage: accel")
     imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()]
@@ -247,9 +239,7 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_list_shows_a_failed_plugin_through_python_m(broken_site: Path) -> None:
-    result = run_process(
-        [sys.executable, "-m", "accel", "list"], env=_environment(PYTHONPATH=str(broken_site))
-    )
+    result = python(["-m", "accel", "list"], PYTHONPATH=str(broken_site))
     assert result.returncode == 0, result.stderr
     row = table(result.stdout)[1]["broken"]
     assert row.split()[:5] == ["broken", "-", "no", "0", "0"]
@@ -347,9 +337,7 @@ def test_info_json(cli: Run) -> None:
 
 
 def test_info_through_the_console_script_with_the_environment() -> None:
-    result = run_process(
-        [str(ACCEL_SCRIPT), "info", "--json"], env=_environment(ACCEL_ACCELERATOR="cpu")
-    )
+    result = accel_script("info", "--json", ACCEL_ACCELERATOR="cpu")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert (report["accelerator"], report["distributed_backend"]) == ("cpu", "gloo")
@@ -404,7 +392,7 @@ def test_debug_lets_the_exception_through(where: str) -> None:
 
 
 def test_debug_shows_the_traceback_in_a_process() -> None:
-    result = run_process([sys.executable, "-m", "accel", "--debug", "info", "nonsense"])
+    result = python(["-m", "accel", "--debug", "info", "nonsense"])
     assert result.returncode == 1  # Python's status for an uncaught exception
     assert result.stderr.startswith("Traceback (most recent call last):")
     assert "accel.errors.AcceleratorNotFoundError: unknown accelerator" in result.stderr
@@ -536,7 +524,7 @@ def test_demo_exit_1_when_ties_break(cli: Run, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_demo_through_the_console_script() -> None:
-    result = run_process([str(ACCEL_SCRIPT), "demo", "--steps", "2", "-a", "cpu"])
+    result = accel_script("demo", "--steps", "2", "-a", "cpu")
     assert result.returncode == 0, result.stderr
     assert "every tie held: yes" in result.stdout
     assert "step   2  loss" in result.stdout
@@ -668,18 +656,16 @@ def test_check_shows_a_tying_warning_as_one_line(
 
 
 def test_check_through_python_m_and_the_console_script() -> None:
-    result = run_process(
-        [sys.executable, "-m", "accel", "check", f"{FACTORIES}:tied_model", "-a", "cpu"]
-    )
+    result = python(["-m", "accel", "check", f"{FACTORIES}:tied_model", "-a", "cpu"])
     assert result.returncode == 0, result.stderr
     assert "result: every tie held" in result.stdout
-    result = run_process([str(ACCEL_SCRIPT), "check", f"{FACTORIES}:not_a_module"])
+    result = accel_script("check", f"{FACTORIES}:not_a_module")
     assert result.returncode == 2
     assert_one_error_line(result.stderr, "returned dict, not a torch.nn.Module")
 
 
 def test_check_debug_traceback_through_the_console_script() -> None:
-    result = run_process([str(ACCEL_SCRIPT), "--debug", "check", f"{FACTORIES}:raising"])
+    result = accel_script("--debug", "check", f"{FACTORIES}:raising")
     assert result.returncode == 1
     assert "Traceback (most recent call last):" in result.stderr
     assert "RuntimeError: cannot build the model: config.json missing" in result.stderr

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import accel
 from accel.tools.cli import main
+from helpers.processes import ACCEL_SCRIPT, last_json_line, run_command, run_python
 
 pytestmark = pytest.mark.xla
 
 REPO = Path(__file__).resolve().parents[2]
-ACCEL_SCRIPT = Path(sys.executable).parent / "accel"
 FACTORIES = "tests.helpers.cli_factories"
 
 
@@ -100,16 +97,11 @@ def test_demo_on_tpu(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_check_through_the_console_script_on_tpu() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
-    env["PJRT_DEVICE"] = "CPU"
-    result = subprocess.run(
-        [str(ACCEL_SCRIPT), "check", f"{FACTORIES}:untying_model", "-a", "tpu"],
+    result = run_command(
+        [ACCEL_SCRIPT, "check", f"{FACTORIES}:untying_model", "-a", "tpu"],
+        env={"PJRT_DEVICE": "CPU"},
         cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
         timeout=300,
-        check=False,
     )
     assert result.returncode == 1, result.stderr
     assert "validation FAILED:" in result.stdout
@@ -130,19 +122,7 @@ main(["info", "cpu"])
 main(["demo", "-a", "cpu", "--steps", "1"])
 print(json.dumps({"torch": torch_after_help, "torch_xla": "torch_xla" in sys.modules}))
 """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "PJRT_"))}
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_python(code, drop_prefixes=("ACCEL_", "PJRT_"), cwd=REPO, timeout=300)
+    report = last_json_line(result)
     assert "tpu" in result.stdout  # listed, as unavailable without PJRT_DEVICE
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
-        "torch": False,
-        "torch_xla": False,
-    }
+    assert report == {"torch": False, "torch_xla": False}

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-import accel
 from accel.tools.demo import run_demo
-from helpers.training_fakes import BareAccelerator, registry_with
+from helpers.processes import run_python
+from helpers.registries import isolated_registry
+from helpers.training_fakes import BareAccelerator
 
 
 def test_the_demo_trains_and_times_every_step() -> None:
     lines: list[str] = []
-    report = run_demo(
-        "cpu", steps=7, registry=accel.AcceleratorRegistry(entry_points=None), echo=lines.append
-    )
+    report = run_demo("cpu", steps=7, registry=isolated_registry(), echo=lines.append)
     assert len(report.losses) == 7  # past one pass over the data
     assert report.losses[-1] < report.losses[0] / 2
     assert 0 < report.seconds_per_step < 10
@@ -28,12 +26,8 @@ def test_the_demo_trains_and_times_every_step() -> None:
 
 
 def _demo_on_tpu(steps: int) -> list[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "accel", "demo", "--accelerator", "tpu", "--steps", str(steps)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    result = run_python(
+        ["-m", "accel", "demo", "--accelerator", "tpu", "--steps", str(steps)], timeout=300
     )
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
@@ -59,7 +53,7 @@ def test_the_docs_loop_runs_unchanged_on_the_cpu_and_a_third_party_accelerator(
         from training_loop import train
     finally:
         sys.path.pop(0)
-    registry = registry_with(BareAccelerator())
+    registry = isolated_registry(BareAccelerator())
     on_cpu = train(registry.get_accelerator("cpu"), 20, checkpoint=str(tmp_path / "cpu.pt"))
     on_bare = train(registry.get_accelerator("bare"), 20, checkpoint=str(tmp_path / "bare.pt"))
     assert on_cpu == on_bare and on_cpu[-1] < on_cpu[0] / 5

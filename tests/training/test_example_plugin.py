@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import accel
+from helpers.registries import isolated_registry
 
 
 class AvailableXpu:
@@ -27,7 +28,7 @@ class AvailableXpu:
 
 @pytest.fixture
 def xpu() -> accel.Accelerator:
-    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    registry = isolated_registry(builtins=False)
     registry.register(example, name="example")
     registry.register(AvailableXpu(), name="available")  # cross-cutting, asked first
     return registry.get_accelerator("xpu")

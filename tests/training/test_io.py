@@ -13,13 +13,14 @@ import torch
 import accel
 from accel.training.memory import MEMORY_KEYS
 from helpers.models import TiedLM
-from helpers.training_fakes import BareAccelerator, RecordingAccelerator, registry_with
+from helpers.registries import isolated_registry
+from helpers.training_fakes import BareAccelerator, RecordingAccelerator
 
 # -- memory_stats -----------------------------------------------------------------
 
 
 def test_cpu_memory_stats_report_the_process_and_the_machine() -> None:
-    stats = registry_with().get_accelerator("cpu").memory_stats()
+    stats = isolated_registry().get_accelerator("cpu").memory_stats()
     assert tuple(stats) == MEMORY_KEYS
     allocated, peak, total = (stats[key] for key in MEMORY_KEYS)  # type: ignore[literal-required]
     assert isinstance(allocated, int) and isinstance(peak, int) and isinstance(total, int)
@@ -27,7 +28,7 @@ def test_cpu_memory_stats_report_the_process_and_the_machine() -> None:
 
 
 def test_a_third_party_accelerator_reports_unknown_memory_unless_its_plugin_says() -> None:
-    registry = registry_with(BareAccelerator(), RecordingAccelerator())
+    registry = isolated_registry(BareAccelerator(), RecordingAccelerator())
     assert registry.get_accelerator("bare").memory_stats() == dict.fromkeys(MEMORY_KEYS)
     assert registry.get_accelerator("rec").memory_stats() == {
         "allocated_bytes": 1,
@@ -51,7 +52,7 @@ def test_memory_stats_of_the_wrong_shape_name_the_plugin(returned: object, match
         def memory_stats(self) -> object:
             return returned
 
-    registry = registry_with()
+    registry = isolated_registry()
     registry.register(Sloppy("npu"), name="sloppy-npu")
     with pytest.raises(accel.PluginError, match=match) as info:
         registry.get_accelerator("npu").memory_stats()
@@ -67,7 +68,7 @@ def _batches(count: int = 3) -> list[dict[str, Any]]:
 
 def test_cpu_device_loader_hands_out_the_batches_untouched_epoch_after_epoch() -> None:
     batches = _batches()
-    loader = registry_with().get_accelerator("cpu").device_loader(batches)
+    loader = isolated_registry().get_accelerator("cpu").device_loader(batches)
     assert len(loader) == 3
     for _ in range(2):
         assert [id(b) for b in loader] == [id(b) for b in batches]
@@ -77,7 +78,7 @@ def test_device_loader_wraps_a_dataloader() -> None:
     dataset = torch.utils.data.TensorDataset(torch.arange(10.0).unsqueeze(1))
     data = torch.utils.data.DataLoader(dataset, batch_size=4)
     for name in ("cpu", "bare"):
-        loader = registry_with(BareAccelerator()).get_accelerator(name).device_loader(data)
+        loader = isolated_registry(BareAccelerator()).get_accelerator(name).device_loader(data)
         assert len(loader) == 3 and loader.loader is data
         assert torch.equal(torch.cat([x for (x,) in loader]), dataset.tensors[0])
 
@@ -94,7 +95,7 @@ def test_the_fallback_device_loader_moves_each_batch_through_the_batch_hooks() -
             return {**batch, "moved": True}
 
     plugin = MovingBare()
-    loader = registry_with(plugin).get_accelerator("bare").device_loader(_batches())
+    loader = isolated_registry(plugin).get_accelerator("bare").device_loader(_batches())
     iterator = iter(loader)
     first = next(iterator)
     assert first["moved"] and plugin.moved == [0]  # moved as taken, not all up front
@@ -104,13 +105,13 @@ def test_the_fallback_device_loader_moves_each_batch_through_the_batch_hooks() -
 def test_a_plugins_device_loader_decides_how_batches_travel() -> None:
     plugin = RecordingAccelerator()
     batches = _batches(2)
-    loader = registry_with(plugin).get_accelerator("rec").device_loader(batches)
+    loader = isolated_registry(plugin).get_accelerator("rec").device_loader(batches)
     assert [tag for tag, _ in loader] == ["seen", "seen"]
     assert plugin.calls == [("device_loader", {"loader": batches})]
 
 
 def test_device_loader_rejects_what_is_not_a_loader_and_len_needs_a_sized_loader() -> None:
-    acc = registry_with().get_accelerator("cpu")
+    acc = isolated_registry().get_accelerator("cpu")
     for bad in (42, "batches", None):
         with pytest.raises(TypeError, match=r"expects an iterable of batches"):
             acc.device_loader(bad)  # type: ignore[arg-type]
@@ -125,7 +126,7 @@ def test_a_plugins_device_loader_must_return_an_iterable() -> None:
         def device_loader(self) -> int:
             return 3
 
-    registry = registry_with()
+    registry = isolated_registry()
     registry.register(Sloppy("npu"), name="sloppy-npu")
     with pytest.raises(accel.PluginError, match=r"returned int, not an iterable.*'sloppy-npu'"):
         registry.get_accelerator("npu").device_loader(_batches())
@@ -141,7 +142,7 @@ def test_a_loader_that_raises_midway_raises_in_the_loop_after_the_good_batches(n
         def __iter__(self) -> Iterator[dict[str, Any]]:
             return failing()
 
-    loader = registry_with(BareAccelerator()).get_accelerator(name).device_loader(Loader())
+    loader = isolated_registry(BareAccelerator()).get_accelerator(name).device_loader(Loader())
     seen: list[int] = []
 
     def consume() -> None:
@@ -159,7 +160,7 @@ def test_a_loader_that_raises_midway_raises_in_the_loop_after_the_good_batches(n
 @pytest.mark.parametrize("name", ["cpu", "bare", "rec"])
 def test_state_dict_keeps_a_tied_weight_one_cpu_tensor(name: str) -> None:
     plugin = RecordingAccelerator()
-    acc = registry_with(BareAccelerator(), plugin).get_accelerator(name)
+    acc = isolated_registry(BareAccelerator(), plugin).get_accelerator(name)
     model = TiedLM()
     state = acc.state_dict(model)
     assert list(state) == list(model.state_dict())
@@ -171,7 +172,7 @@ def test_state_dict_keeps_a_tied_weight_one_cpu_tensor(name: str) -> None:
 
 
 def test_save_then_load_into_a_fresh_model_keeps_ties_and_values(tmp_path: Path) -> None:
-    acc = registry_with().get_accelerator("cpu")
+    acc = isolated_registry().get_accelerator("cpu")
     model = TiedLM()
     path = tmp_path / "model.pt"
     acc.save(acc.state_dict(model), path)
@@ -185,7 +186,7 @@ def test_save_then_load_into_a_fresh_model_keeps_ties_and_values(tmp_path: Path)
 
 
 def test_save_moves_nested_tensors_once_and_keeps_other_values(tmp_path: Path) -> None:
-    acc = registry_with().get_accelerator("cpu")
+    acc = isolated_registry().get_accelerator("cpu")
     shared = torch.ones(3, requires_grad=True)
     acc.save({"step": 7, "pair": (shared, shared), "name": "run-1"}, tmp_path / "s.pt")
     loaded = torch.load(tmp_path / "s.pt")
@@ -197,7 +198,7 @@ def test_save_moves_nested_tensors_once_and_keeps_other_values(tmp_path: Path) -
 def test_only_the_main_process_of_a_distributed_job_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    acc = registry_with().get_accelerator("cpu")
+    acc = isolated_registry().get_accelerator("cpu")
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
     acc.save({"x": torch.ones(1)}, tmp_path / "rank1.pt")
@@ -209,7 +210,7 @@ def test_only_the_main_process_of_a_distributed_job_writes(
 
 def test_a_plugins_save_hook_decides_the_writing(tmp_path: Path) -> None:
     plugin = RecordingAccelerator()
-    acc = registry_with(plugin).get_accelerator("rec")
+    acc = isolated_registry(plugin).get_accelerator("rec")
     acc.save({"x": torch.ones(1)}, tmp_path / "x.pt")
     # The step is marked first, so that lazy tensors cross to the CPU as data.
     assert plugin.hooks_called() == ["mark_step", "save"]
@@ -217,7 +218,7 @@ def test_a_plugins_save_hook_decides_the_writing(tmp_path: Path) -> None:
 
 
 def test_state_dict_and_save_reject_bad_input(tmp_path: Path) -> None:
-    acc = registry_with().get_accelerator("cpu")
+    acc = isolated_registry().get_accelerator("cpu")
     with pytest.raises(TypeError, match=r"state_dict expects a torch.nn.Module, got dict"):
         acc.state_dict({"w": torch.ones(1)})  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"save expects a file path .* got int"):

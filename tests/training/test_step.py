@@ -11,12 +11,12 @@ import torch
 
 import accel
 from accel._core.hooks import AcceleratorHooks
+from helpers.registries import isolated_registry
 from helpers.training_fakes import (
     BareAccelerator,
     RecordingAccelerator,
     backward_once,
     linear_model_and_optimizer,
-    registry_with,
 )
 
 # -- optimizer_step ---------------------------------------------------------------
@@ -24,7 +24,7 @@ from helpers.training_fakes import (
 
 @pytest.mark.parametrize("name", ["cpu", "bare"])
 def test_optimizer_step_steps_like_the_optimizer(name: str) -> None:
-    acc = registry_with(BareAccelerator()).get_accelerator(name)
+    acc = isolated_registry(BareAccelerator()).get_accelerator(name)
     model, optimizer = linear_model_and_optimizer()
     twin, twin_optimizer = copy.deepcopy((model, optimizer))
     for _ in range(3):
@@ -39,7 +39,7 @@ def test_optimizer_step_steps_like_the_optimizer(name: str) -> None:
 
 
 def test_optimizer_step_passes_the_closure_and_returns_what_the_step_returns() -> None:
-    acc = registry_with().get_accelerator("cpu")
+    acc = isolated_registry().get_accelerator("cpu")
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.LBFGS(model.parameters(), max_iter=3)
     calls = []
@@ -58,7 +58,7 @@ def test_optimizer_step_passes_the_closure_and_returns_what_the_step_returns() -
 
 def test_a_plugins_optimizer_step_wraps_the_fallback_step() -> None:
     plugin = RecordingAccelerator()
-    acc = registry_with(plugin).get_accelerator("rec")
+    acc = isolated_registry(plugin).get_accelerator("rec")
     model, optimizer = linear_model_and_optimizer()
     backward_once(model)
     before = model.weight.detach().clone()
@@ -82,27 +82,27 @@ def test_a_plugins_optimizer_step_wraps_the_fallback_step() -> None:
 )
 def test_optimizer_step_rejects_a_non_optimizer(optimizer: Any, match: str) -> None:
     with pytest.raises(TypeError, match=match):
-        registry_with().get_accelerator("cpu").optimizer_step(optimizer)
+        isolated_registry().get_accelerator("cpu").optimizer_step(optimizer)
 
 
 def test_optimizer_step_names_a_scheduler_passed_by_mistake() -> None:
     _, optimizer = linear_model_and_optimizer()
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
     with pytest.raises(TypeError, match=r"scheduler: pass the optimizer it schedules"):
-        registry_with().get_accelerator("cpu").optimizer_step(scheduler)  # type: ignore[arg-type]
+        isolated_registry().get_accelerator("cpu").optimizer_step(scheduler)  # type: ignore[arg-type]
 
 
 def test_optimizer_step_rejects_a_closure_that_is_not_callable() -> None:
     _, optimizer = linear_model_and_optimizer()
     with pytest.raises(TypeError, match=r"closure=.*got float"):
-        registry_with().get_accelerator("cpu").optimizer_step(optimizer, 1.0)  # type: ignore[arg-type]
+        isolated_registry().get_accelerator("cpu").optimizer_step(optimizer, 1.0)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", ["cpu", "rec"])
 def test_a_raising_closure_propagates_and_leaves_the_state_as_the_optimizer_left_it(
     name: str,
 ) -> None:
-    acc = registry_with(RecordingAccelerator()).get_accelerator(name)
+    acc = isolated_registry(RecordingAccelerator()).get_accelerator(name)
     model, optimizer = linear_model_and_optimizer()
     backward_once(model)
     optimizer.step()  # momentum buffers exist now
@@ -133,7 +133,7 @@ def test_a_raising_plugin_step_is_named() -> None:
         def optimizer_step(self) -> None:
             raise RuntimeError("device fell off the bus")
 
-    acc = registry_with(Broken("npu")).get_accelerator("npu")
+    acc = isolated_registry(Broken("npu")).get_accelerator("npu")
     _, optimizer = linear_model_and_optimizer()
     with pytest.raises(RuntimeError, match=r"fell off") as info:
         acc.optimizer_step(optimizer)
@@ -145,7 +145,7 @@ def test_a_raising_plugin_step_is_named() -> None:
 
 def test_mark_step_and_synchronize_call_the_plugins_hooks() -> None:
     plugin = RecordingAccelerator()
-    acc = registry_with(plugin).get_accelerator("rec")
+    acc = isolated_registry(plugin).get_accelerator("rec")
     acc.mark_step()
     acc.synchronize()
     assert plugin.calls == [
@@ -157,7 +157,7 @@ def test_mark_step_and_synchronize_call_the_plugins_hooks() -> None:
 def test_mark_step_and_synchronize_skip_the_hook_call_when_only_the_fallback_answers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    acc = registry_with(BareAccelerator()).get_accelerator("bare")
+    acc = isolated_registry(BareAccelerator()).get_accelerator("bare")
     called: list[str] = []
     for method in ("_each", "_first"):
         monkeypatch.setattr(AcceleratorHooks, method, lambda self, name, **_: called.append(name))
@@ -171,7 +171,7 @@ def test_mark_step_and_synchronize_skip_the_hook_call_when_only_the_fallback_ans
 @pytest.mark.parametrize("name", ["cpu", "bare", "rec"])
 def test_manual_seed_makes_the_host_random_numbers_repeat(name: str) -> None:
     plugin = RecordingAccelerator()
-    acc = registry_with(BareAccelerator(), plugin).get_accelerator(name)
+    acc = isolated_registry(BareAccelerator(), plugin).get_accelerator(name)
     acc.manual_seed(1234)
     first = torch.rand(4)
     acc.manual_seed(1234)
@@ -192,14 +192,14 @@ def test_manual_seed_makes_the_host_random_numbers_repeat(name: str) -> None:
 )
 def test_manual_seed_rejects_bad_seeds(seed: Any, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
-        registry_with().get_accelerator("cpu").manual_seed(seed)
+        isolated_registry().get_accelerator("cpu").manual_seed(seed)
 
 
 # -- autocast ---------------------------------------------------------------------
 
 
 def test_cpu_autocast_defaults_to_bfloat16_and_accepts_float16() -> None:
-    acc = registry_with().get_accelerator("cpu")
+    acc = isolated_registry().get_accelerator("cpu")
     layer = torch.nn.Linear(4, 4)
     with acc.autocast():
         assert layer(torch.ones(1, 4)).dtype == torch.bfloat16
@@ -222,11 +222,11 @@ def test_cpu_autocast_defaults_to_bfloat16_and_accepts_float16() -> None:
 )
 def test_cpu_autocast_refuses_what_the_cpu_cannot_do(dtype: Any, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
-        registry_with().get_accelerator("cpu").autocast(dtype)
+        isolated_registry().get_accelerator("cpu").autocast(dtype)
 
 
 def test_the_fallback_autocast_uses_torchs_default_and_refuses_what_torch_would_ignore() -> None:
-    acc = registry_with(BareAccelerator()).get_accelerator("bare")  # a device of type cpu
+    acc = isolated_registry(BareAccelerator()).get_accelerator("bare")  # a device of type cpu
     with acc.autocast():
         assert torch.nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.get_autocast_dtype("cpu")
     # torch.autocast only warns here and runs in float32; accel says no.
@@ -236,7 +236,7 @@ def test_the_fallback_autocast_uses_torchs_default_and_refuses_what_torch_would_
 
 def test_a_plugins_autocast_gets_the_requested_dtype_and_must_return_a_context_manager() -> None:
     plugin = RecordingAccelerator()
-    acc = registry_with(plugin).get_accelerator("rec")
+    acc = isolated_registry(plugin).get_accelerator("rec")
     with acc.autocast(torch.float16):
         pass
     assert plugin.calls == [("autocast", {"dtype": torch.float16})]
@@ -246,7 +246,7 @@ def test_a_plugins_autocast_gets_the_requested_dtype_and_must_return_a_context_m
         def autocast(self) -> str:
             return "bf16"
 
-    registry = registry_with()
+    registry = isolated_registry()
     registry.register(Sloppy("sloppy"), name="sloppy-plugin")
     with pytest.raises(accel.PluginError, match=r"str, not a context manager.*'sloppy-plugin'"):
         registry.get_accelerator("sloppy").autocast()

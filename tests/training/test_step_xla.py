@@ -3,11 +3,6 @@ as the CPU, seeds, the parallel device loader, and checkpoints of tied models.""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +12,7 @@ import torch
 
 import accel
 from helpers.models import TiedLM
+from helpers.processes import last_json_line, run_python
 
 pytestmark = pytest.mark.xla
 
@@ -25,16 +21,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def _python(code: str) -> Any:
     """Run ``code`` in a fresh process (its own XLA graph cache); parse its last line."""
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PJRT_DEVICE": "CPU"},
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return last_json_line(run_python(code, env={"PJRT_DEVICE": "CPU"}, timeout=300))
 
 
 def _docs_loop(steps: int) -> dict[str, Any]:

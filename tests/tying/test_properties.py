@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import accel
 from accel.plugins.tpu import TpuPlugin
 from helpers.fakes import CpuTpuPlugin, MetaTpuPlugin
+from helpers.registries import isolated_registry
 from helpers.strategies import (
     HOOK_FAULTS,
     FaultPlugin,
@@ -49,10 +50,7 @@ def tpu_to(target: str, *plugins: object) -> accel.Accelerator:
     """The TPU plugin's hooks moving to ``target``, with ``plugins`` registered too."""
     if target == "meta":
         return make_accelerator(MetaTpuPlugin(), "tpu", *plugins)
-    registry = accel.AcceleratorRegistry(entry_points=None)
-    for plugin in plugins:
-        registry.register(plugin)
-    return registry.get_accelerator("tpu")
+    return isolated_registry(*plugins).get_accelerator("tpu")
 
 
 class InPlaceCastPlugin:
