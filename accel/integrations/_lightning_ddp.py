@@ -72,6 +72,7 @@ class DistributedMoves(AccelStrategyBase):
         with _launch_variables(environment, self.local_rank, self.num_processes):
             context = accel.distributed.init_process_group(handle, timeout=self._timeout)
         if context.device != expected:
+            accel.distributed.destroy_process_group(barrier=False)
             raise accel.distributed.DistributedSetupError(
                 f"Lightning put local rank {self.local_rank} on {expected}, but "
                 f"accel.distributed gives this worker {context.device} (device LOCAL_RANK "

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric import Fabric
+from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -136,8 +138,6 @@ def fabric_run(fabric: Any, report_dir: Path) -> None:
 
 
 def fabric_main(name: str, start_method: str, report_dir: Path) -> None:
-    from lightning.fabric import Fabric
-
     strategy = AccelFabricDDPStrategy(
         accelerator(name),
         timeout=TIMEOUT,
@@ -154,33 +154,43 @@ def fabric_main(name: str, start_method: str, report_dir: Path) -> None:
 # -- the Trainer ------------------------------------------------------------------------
 
 
+class TiedModule(LightningModule):
+    def __init__(self, model: TiedLM) -> None:
+        super().__init__()
+        self.model = model
+
+    def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
+        return loss_of(self.model, *batch)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+
+class Report(Callback):
+    """Reports from inside each worker (with spawn, the script's process is none)."""
+
+    def __init__(self, report_dir: Path) -> None:
+        self.report_dir = report_dir
+
+    def on_train_end(self, trainer: Trainer, module: LightningModule) -> None:
+        path = self.report_dir / "trainer.ckpt"
+        trainer.save_checkpoint(path)
+        checkpoint = AccelCheckpointIO().load_checkpoint(path)
+        strategy = trainer.strategy
+        assert isinstance(module, TiedModule)
+        # The Trainer's distributed sampler shuffles training data (seed 0).
+        report(
+            self.report_dir,
+            strategy,
+            module.model,
+            trainer.optimizers,
+            checkpoint,
+            strategy.model,
+            shuffled=True,
+        )
+
+
 def trainer_main(name: str, start_method: str, report_dir: Path) -> None:
-    from lightning.pytorch import Callback, LightningModule, Trainer
-
-    class TiedModule(LightningModule):
-        def __init__(self, model: TiedLM) -> None:
-            super().__init__()
-            self.model = model
-
-        def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
-            return loss_of(self.model, *batch)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=LR)
-
-    class Report(Callback):
-        def on_train_end(self, trainer: Trainer, module: LightningModule) -> None:
-            path = report_dir / "trainer.ckpt"
-            trainer.save_checkpoint(path)
-            checkpoint = AccelCheckpointIO().load_checkpoint(path)
-            strategy = trainer.strategy
-            optimizers = trainer.optimizers
-            # The Trainer's distributed sampler shuffles training data (seed 0).
-            model = module.model
-            report(
-                report_dir, strategy, model, optimizers, checkpoint, strategy.model, shuffled=True
-            )
-
     # popen: this script runs once per rank, LOCAL_RANK set for all but the first.
     module = TiedModule(initial_model(int(os.environ.get("LOCAL_RANK", "0"))))
     trainer = Trainer(
@@ -196,7 +206,7 @@ def trainer_main(name: str, start_method: str, report_dir: Path) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=report_dir,
-        callbacks=[Report()],
+        callbacks=[Report(report_dir)],
     )
     trainer.fit(module, data())
 
