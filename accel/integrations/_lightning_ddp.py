@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.precision import Precision as FabricPrecision
 from lightning.fabric.strategies.ddp import DDPStrategy as FabricDDPStrategy
@@ -90,6 +91,7 @@ class DistributedMoves(AccelStrategyBase):
 
     def wrap(self, module: Module) -> DistributedDataParallel:
         """``module``, on this worker's device, in accel's DDP."""
+        _stop_sharing_host_memory(module)
         return accel.distributed.wrap_data_parallel(module, self.accel_context, **self._ddp_kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -203,6 +205,20 @@ class AccelFabricDDPStrategy(DistributedMoves, FabricMoves, FabricDDPStrategy):
 
     def _determine_ddp_device_ids(self) -> list[int] | None:
         return None if self.root_device.type == "cpu" else [self.root_device.index or 0]
+
+
+def _stop_sharing_host_memory(module: Module) -> None:
+    """Give this process its own copy of host tensors it shares with others.
+
+    ``spawn`` hands the model to each process through torch.multiprocessing, which
+    puts CPU tensors in shared memory: every rank would then step the same weights
+    (Lightning undoes this for its own CPU accelerator only). Each Parameter keeps
+    its identity, so ties and optimizers built on it stay as they are.
+    """
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.device.type == "cpu" and tensor.is_shared():
+                tensor.data = tensor.data.clone()
 
 
 @contextmanager
