@@ -217,7 +217,7 @@ def _stop_sharing_host_memory(module: Module) -> None:
     """
     with torch.no_grad():
         for tensor in [*module.parameters(), *module.buffers()]:
-            if tensor.device.type == "cpu" and tensor.is_shared():
+            if tensor.device.type == "cpu" and tensor.untyped_storage().is_shared():
                 tensor.data = tensor.data.clone()
 
 

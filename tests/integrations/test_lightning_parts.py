@@ -199,3 +199,16 @@ def test_integrations_import_only_public_accel_modules() -> None:
         if _is_private(name)
     ]
     assert private == []
+
+
+@pytest.mark.xla
+def test_checkpoint_io_writes_xla_tensors_once_each(tmp_path: Path) -> None:
+    tpu = accel.get_accelerator("tpu")  # XLA:CPU in the XLA tier (PJRT_DEVICE=CPU)
+    model = tpu.model_to_device(TiedLM())
+    assert model.embed.weight.device.type == "xla"
+    path = tmp_path / "xla.ckpt"
+    AccelCheckpointIO(tpu).save_checkpoint({"state_dict": model.state_dict(keep_vars=True)}, path)
+    state = AccelCheckpointIO(tpu).load_checkpoint(path)["state_dict"]
+    assert state["head.weight"] is state["embed.weight"], "the tie was stored twice"
+    assert state["embed.weight"].device.type == "cpu"
+    assert torch.equal(state["embed.weight"], model.embed.weight.detach().cpu())
