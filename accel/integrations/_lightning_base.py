@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 
 import accel
 from accel.integrations._lightning_accelerator import AccelAccelerator, as_lightning_accelerator
@@ -125,8 +126,13 @@ class AccelStrategyBase:
     @property
     def checkpoint_io(self) -> CheckpointIO:
         """:class:`AccelCheckpointIO` on this run's accelerator unless one was given."""
-        if self._checkpoint_io is not None:
-            return self._checkpoint_io
+        given = self._checkpoint_io
+        if isinstance(given, _WrappingCheckpointIO) and self._accelerator is not None:
+            # A wrapper given alone (AsyncCheckpointIO()): it wraps accel's, as
+            # Lightning's strategies make it wrap theirs (its setter fills it only once).
+            given.checkpoint_io = AccelCheckpointIO(self._accelerator)
+        if given is not None:
+            return given
         io = AccelCheckpointIO(self._accelerator)
         if self._accelerator is not None:  # the Trainer may set the accelerator later
             self._checkpoint_io = io

@@ -166,6 +166,19 @@ def test_strategies_write_checkpoints_through_accel_by_default() -> None:
         assert strategy.checkpoint_io is strategy.checkpoint_io  # one, kept
 
 
+def test_a_wrapping_checkpoint_io_given_alone_wraps_accels() -> None:
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+    strategy = AccelStrategy("cpu", checkpoint_io=AsyncCheckpointIO())
+    wrapper = strategy.checkpoint_io
+    assert isinstance(wrapper, AsyncCheckpointIO)
+    assert isinstance(wrapper.checkpoint_io, AccelCheckpointIO)
+    given = AccelStrategy("cpu", checkpoint_io=AsyncCheckpointIO(AccelCheckpointIO("cpu")))
+    inner = given.checkpoint_io.checkpoint_io  # type: ignore[attr-defined]
+    assert isinstance(inner, AccelCheckpointIO)
+    assert given.checkpoint_io is given.checkpoint_io
+
+
 # -- public API only ---------------------------------------------------------------
 
 
