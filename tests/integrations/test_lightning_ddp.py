@@ -63,6 +63,8 @@ def test_trainer_trains_over_two_processes(tmp_path: Path, accelerator: str) -> 
     _assert_trained_together(_train(tmp_path, "trainer", accelerator, "popen"), accelerator)
 
 
-def test_trainer_trains_over_two_spawned_processes(tmp_path: Path) -> None:
-    # spawn pickles the Trainer, its strategy, AccelAccelerator and AccelCheckpointIO.
-    _assert_trained_together(_train(tmp_path, "trainer", "cpu", "spawn"), "cpu")
+@pytest.mark.parametrize("mode", ["fabric", "trainer"])
+def test_trains_over_two_spawned_processes(tmp_path: Path, mode: str) -> None:
+    # spawn pickles the strategy, AccelAccelerator and AccelCheckpointIO (the Trainer's
+    # run with the model in it: its host tensors arrive in shared memory).
+    _assert_trained_together(_train(tmp_path, mode, "cpu", "spawn"), "cpu")
