@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
     from accel._core.transaction import RestorePoint
 
-__all__ = ["retarget_optimizers"]
+__all__ = ["retarget_moved", "retarget_optimizers"]
 
 
 def retarget_optimizers(
@@ -26,7 +26,16 @@ def retarget_optimizers(
     changed, so a failure leaves every optimizer as it was. Parameters that are
     not part of the model are left alone.
     """
-    moved = restore_point.moved_parameters()
+    retarget_moved(optimizers, restore_point.moved_parameters(), device)
+
+
+def retarget_moved(
+    optimizers: Iterable[torch.optim.Optimizer],
+    moved: dict[int, Any],
+    device: torch.device | None,
+) -> None:
+    """:func:`retarget_optimizers` from ``moved`` (``id(parameter before)`` to the
+    parameter after); ``device=None`` moves state to each new parameter's device."""
     plans = [_plan(optimizer, moved, device) for optimizer in optimizers]
     for optimizer, group_params, state in plans:
         for group, params in zip(optimizer.param_groups, group_params, strict=True):
@@ -37,7 +46,7 @@ def retarget_optimizers(
 
 
 def _plan(
-    optimizer: torch.optim.Optimizer, moved: dict[int, Any], device: torch.device
+    optimizer: torch.optim.Optimizer, moved: dict[int, Any], device: torch.device | None
 ) -> tuple[torch.optim.Optimizer, list[list[Any]], dict[Any, Any]]:
     import torch
 
@@ -57,7 +66,7 @@ def _plan(
             continue
         state[target] = {
             key: (
-                value.to(device)
+                value.to(target.device if device is None else device)
                 if isinstance(value, torch.Tensor)
                 and not (key == "step" and keep_step_on_host.get(id(parameter), True))
                 else value

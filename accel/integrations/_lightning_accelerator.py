@@ -5,6 +5,10 @@ Lightning asks an accelerator *class* whether it is available, how to parse
 so every :class:`AccelAccelerator` instance gets a subclass of its own that knows its
 accel handle. Everything it answers comes from the accel plugin; nothing here knows
 any particular device.
+
+That subclass has no importable name, so an instance pickles (for Lightning's
+``spawn`` launcher) as the accelerator's name and index, and the new process selects
+it again from accel's default registry.
 """
 
 from __future__ import annotations
@@ -70,6 +74,25 @@ class AccelAccelerator(LightningAccelerator):
         # where Lightning's class-level questions can reach it.
         super().__init__()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as ``NAME[:INDEX]`` and the tie check, re-selected from accel's default
+        registry on unpickling (in a ``spawn``-ed process: its entry-point plugins).
+
+        :raises TypeError: the accelerator is not in the default registry (it came from
+            a registry of the caller's own, which another process cannot rebuild).
+        """
+        handle = self.handle()
+        name = handle.name if handle.index is None else f"{handle.name}:{handle.index}"
+        if not _in_default_registry(handle):
+            raise TypeError(
+                f"cannot pickle AccelAccelerator({name!r}): a new process re-selects it by "
+                f"name from accel's default registry, where {handle.name!r} is not "
+                f"registered (it came from an AcceleratorRegistry of your own). Install "
+                f"its plugin as an 'accel' entry point, or launch with "
+                f"start_method='popen' (each process then builds its own registry)."
+            )
+        return (_unpickle, (name, handle.tie_check))
+
     def __repr__(self) -> str:
         handle = self.handle()
         return f"AccelAccelerator(name={handle.name!r}, device={str(handle.device)!r})"
@@ -110,7 +133,9 @@ class AccelAccelerator(LightningAccelerator):
         """Turn ``devices=`` into device indices of this accelerator.
 
         Accepts what Lightning accepts: a count (``2``, ``"2"``; ``-1`` or ``"-1"``
-        for all), or indices (``[0, 2]``, ``"0,2"``).
+        for all), or indices (``[0, 2]``, ``"0,2"``). An accelerator whose one device
+        processes share over ``gloo`` (``cpu``) takes any count, as Lightning's CPU
+        accelerator does: ``devices=2`` is two processes on that device.
 
         :raises ValueError: not one of those, or more devices than the plugin has.
         """
@@ -120,9 +145,12 @@ class AccelAccelerator(LightningAccelerator):
             devices = _parse_devices_text(devices, handle.name)
         if isinstance(devices, bool) or not isinstance(devices, (int, Sequence)):
             raise _devices_error(devices, handle.name, "is not a device count or a list of indices")
+        shared = cls._shared_device()
         if isinstance(devices, int):
             if devices == -1:
                 return usable
+            if shared is not None and devices >= 1:
+                return [shared] * devices  # one process per "device", all on the one
             if devices < 1 or devices > len(usable):
                 raise _devices_error(
                     devices, handle.name, f"but {handle.name!r} has {len(usable)} usable device(s)"
@@ -131,6 +159,8 @@ class AccelAccelerator(LightningAccelerator):
         indices = list(devices)
         if not indices or any(isinstance(i, bool) or not isinstance(i, int) for i in indices):
             raise _devices_error(devices, handle.name, "is not a non-empty list of device indices")
+        if shared is not None and set(indices) == {shared}:
+            return indices
         unknown = [i for i in indices if i not in usable]
         if unknown or len(set(indices)) != len(indices):
             raise _devices_error(
@@ -148,6 +178,20 @@ class AccelAccelerator(LightningAccelerator):
     @override
     def name(cls) -> str:
         return cls.handle().name
+
+    @classmethod
+    def _shared_device(cls) -> int | None:
+        """The index of the one device several processes may share (a ``gloo``
+        accelerator with one device, such as ``cpu``), or ``None``.
+
+        The same rule as :func:`accel.distributed.local_accelerator`: there, every
+        worker on the machine gets that device.
+        """
+        handle = cls.handle()
+        usable = cls._usable_indices()
+        if len(usable) == 1 and handle.distributed_backend == "gloo":
+            return usable[0]
+        return None
 
     @classmethod
     def _usable_indices(cls) -> list[int]:
@@ -227,6 +271,19 @@ def _select(
     if registry is None:
         return accel.get_accelerator(accelerator)
     return registry.get_accelerator(accelerator)
+
+
+def _unpickle(name: str, tie_check: accel.TieCheck) -> AccelAccelerator:
+    return AccelAccelerator(accel.get_accelerator(name, tie_check=tie_check))
+
+
+def _in_default_registry(handle: accel.Accelerator) -> bool:
+    """``handle``'s accelerator is the default registry's accelerator of that name."""
+    try:
+        found = accel.default_registry().get_accelerator(handle.name)
+    except accel.AcceleratorError:
+        return False
+    return found.spec == handle.spec
 
 
 def _parse_devices_text(text: str, name: str) -> Any:

@@ -1,19 +1,17 @@
-"""Lightning strategies whose model moves go through accel.
+"""Single-device Lightning strategies whose model moves go through accel.
 
 Lightning moves models with ``module.to(device)`` (Fabric's XLA strategy too, so a
 tied model comes out untied; the Trainer re-ties by name afterwards and checks
 nothing). These strategies move with :meth:`accel.Accelerator.model_to_device`
 instead, so ties hold wherever accel holds them, the accelerator plugin's own
-move hooks run, and a failed move leaves the model as it was.
-
-Single device per process; the step itself stays Lightning's (precision plugins
-included), followed by :meth:`accel.Accelerator.mark_step` (XLA: cut the lazy
-graph; a no-op elsewhere).
+move hooks run, and a failed move leaves the model as it was. What they share with
+the multi-process ones is :class:`~accel.integrations._lightning_base.AccelStrategyBase`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,12 +22,14 @@ from lightning.fabric.strategies.single_device import (
 )
 from lightning.pytorch.plugins.precision import Precision as TrainerPrecision
 from lightning.pytorch.strategies import SingleDeviceStrategy as TrainerSingleDeviceStrategy
-from typing_extensions import override
 
 import accel
-from accel._core.optimizers import retarget_optimizers
-from accel._core.transaction import RestorePoint
-from accel.integrations._lightning_accelerator import AccelAccelerator, as_lightning_accelerator
+from accel.integrations._lightning_base import (
+    AcceleratorArgument,
+    AccelStrategyBase,
+    require_in_place,
+)
+from accel.training.optimizers import retarget_optimizers
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -39,19 +39,99 @@ if TYPE_CHECKING:
     # Lightning's signature names the old base class.
     from torch.optim.lr_scheduler import _LRScheduler
 
-__all__ = ["AccelFabricStrategy", "AccelStrategy"]
-
-_Accelerator = AccelAccelerator | str | accel.Accelerator | None
+__all__ = ["AccelFabricStrategy", "AccelStrategy", "FabricMoves", "TrainerMoves"]
 
 
-class AccelStrategy(TrainerSingleDeviceStrategy):
+class TrainerMoves(AccelStrategyBase):
+    """The Trainer side: move ``self.model`` with accel, step with accel, come back
+    to the CPU with accel."""
+
+    if TYPE_CHECKING:
+        model: Module | None
+        lightning_module: pl.LightningModule | None
+        optimizers: list[Optimizer]
+        precision_plugin: TrainerPrecision
+
+    def model_to_device(self) -> None:
+        assert self.model is not None, "the Trainer connects the model before moving it"
+        handle = self.accel_handle()
+        require_in_place(self.model, handle.model_to_device(self.model), handle)
+
+    def optimizer_step(
+        self,
+        optimizer: Optimizer,
+        closure: Callable[[], Any],
+        model: pl.LightningModule | Module | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        module = model or self.lightning_module
+        assert module is not None, "the Trainer steps a connected LightningModule"
+        precision = self.precision_plugin
+        plain = not kwargs and type(precision).optimizer_step is TrainerPrecision.optimizer_step
+        # The precision plugin's closure: forward, backward, the before-step hooks, clipping.
+        wrapped = partial(precision._wrap_closure, module, optimizer, closure)  # type: ignore[arg-type]
+        return self.accel_step(
+            optimizer,
+            wrapped,
+            partial(super().optimizer_step, optimizer, closure, model, **kwargs),  # type: ignore[misc]
+            plain_precision=plain,
+        )
+
+    def teardown(self) -> None:
+        self.return_to_cpu(self.lightning_module, self.optimizers)
+        super().teardown()  # type: ignore[misc]
+
+
+class FabricMoves(AccelStrategyBase):
+    """The Fabric side: move modules with accel and re-point the optimizers Fabric
+    hands over next, step with accel."""
+
+    if TYPE_CHECKING:
+        precision: FabricPrecision
+
+    #: The module's parameters before the last move, until Fabric hands over the
+    #: optimizers built on them (setup() does so right after the move).
+    _before_move: tuple[Module, dict[str, torch.nn.Parameter]] | None = None
+
+    def module_to_device(self, module: Module) -> None:
+        handle = self.accel_handle()
+        before = dict(module.named_parameters(remove_duplicate=False))
+        require_in_place(module, handle.model_to_device(module), handle)
+        self._before_move = (module, before)
+
+    def setup_module_and_optimizers(
+        self, module: Module, optimizers: list[Optimizer], scheduler: _LRScheduler | None = None
+    ) -> tuple[Module, list[Optimizer], _LRScheduler | None]:
+        last, self._before_move = self._before_move, None
+        if last is not None and last[0] is module and optimizers:
+            retarget_optimizers(optimizers, last[1], module)
+        return super().setup_module_and_optimizers(module, optimizers, scheduler)  # type: ignore[misc,no-any-return]
+
+    def setup_module(self, module: Module) -> Module:
+        self._before_move = None
+        return super().setup_module(module)  # type: ignore[misc,no-any-return]
+
+    def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
+        plain = set(kwargs) <= {"closure"} and (
+            type(self.precision).optimizer_step is FabricPrecision.optimizer_step
+        )
+        return self.accel_step(
+            optimizer,
+            kwargs.get("closure"),
+            partial(super().optimizer_step, optimizer, **kwargs),  # type: ignore[misc]
+            plain_precision=plain,
+        )
+
+
+class AccelStrategy(TrainerMoves, TrainerSingleDeviceStrategy):
     """A single-device Trainer strategy that moves the model with accel.
 
     ``Trainer(strategy=AccelStrategy("npu"))`` brings its accelerator along;
     ``Trainer(accelerator=AccelAccelerator("npu"), strategy=AccelStrategy())`` says
     the same in two parts. The device is the accel accelerator's (or the one
-    ``devices=[i]`` names); at teardown the model returns to the CPU through accel
-    too, with its optimizers following.
+    ``devices=[i]`` names); each step is :meth:`accel.Accelerator.optimizer_step`,
+    checkpoints go through :class:`AccelCheckpointIO`, and at teardown the model
+    returns to the CPU through accel too, with its optimizers following.
 
     :param accelerator: an :class:`AccelAccelerator`, an accel accelerator name or
         handle, or ``None`` to take the Trainer's ``accelerator=`` (which must then
@@ -60,68 +140,25 @@ class AccelStrategy(TrainerSingleDeviceStrategy):
     """
 
     strategy_name = "accel"
+    parallel_strategy_name = "AccelDDPStrategy"
 
     def __init__(
         self,
-        accelerator: _Accelerator = None,
+        accelerator: AcceleratorArgument = None,
         *,
         registry: accel.AcceleratorRegistry | None = None,
         checkpoint_io: CheckpointIO | None = None,
         precision_plugin: TrainerPrecision | None = None,
     ) -> None:
-        lightning_accelerator = as_lightning_accelerator(accelerator, registry)
         super().__init__(
-            device=_default_device(lightning_accelerator),
-            accelerator=lightning_accelerator,
+            accelerator,
+            registry=registry,
             checkpoint_io=checkpoint_io,
             precision_plugin=precision_plugin,
         )
-        # Filled by the Trainer from the accelerator's get_parallel_devices().
-        self.parallel_devices: list[torch.device] | None = None
-
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        return _root_device(self.parallel_devices, self._accelerator, self._root_device)
-
-    def accel_handle(self) -> accel.Accelerator:
-        """The accel accelerator this strategy moves to, checked against the run's setup."""
-        return _handle(self, self.parallel_devices, self._accelerator)
-
-    @override
-    def setup_environment(self) -> None:
-        self.accel_handle()
-        super().setup_environment()
-
-    @override
-    def model_to_device(self) -> None:
-        assert self.model is not None, "the Trainer connects the model before moving it"
-        handle = self.accel_handle()
-        _require_in_place(self.model, handle.model_to_device(self.model), handle)
-
-    @override
-    def optimizer_step(
-        self,
-        optimizer: Optimizer,
-        closure: Callable[[], Any],
-        model: pl.LightningModule | Module | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        result = super().optimizer_step(optimizer, closure, model, **kwargs)
-        self.accel_handle().mark_step()
-        return result
-
-    @override
-    def teardown(self) -> None:
-        module = self.lightning_module
-        if module is not None and self.root_device.type != "cpu":
-            # Lightning's own teardown calls module.cpu(), which unties on the way
-            # back from XLA; accel keeps the ties and re-points the optimizers.
-            accel.get_accelerator("cpu").model_to_device(module, optimizer=self.optimizers)
-        super().teardown()
 
 
-class AccelFabricStrategy(FabricSingleDeviceStrategy):
+class AccelFabricStrategy(FabricMoves, FabricSingleDeviceStrategy):
     """A single-device Fabric strategy that moves the model with accel.
 
     ``Fabric(strategy=AccelFabricStrategy("npu"))``; ``fabric.setup(model, optimizer)``
@@ -135,109 +172,16 @@ class AccelFabricStrategy(FabricSingleDeviceStrategy):
     :param registry: the accel registry to select a named accelerator from.
     """
 
+    parallel_strategy_name = "AccelFabricDDPStrategy"
+
     def __init__(
         self,
-        accelerator: _Accelerator = None,
+        accelerator: AcceleratorArgument = None,
         *,
         registry: accel.AcceleratorRegistry | None = None,
         checkpoint_io: CheckpointIO | None = None,
         precision: FabricPrecision | None = None,
     ) -> None:
-        lightning_accelerator = as_lightning_accelerator(accelerator, registry)
         super().__init__(
-            device=_default_device(lightning_accelerator),
-            accelerator=lightning_accelerator,
-            checkpoint_io=checkpoint_io,
-            precision=precision,
-        )
-        self.parallel_devices: list[torch.device] | None = None
-        # What the model looked like before the last move, until Fabric hands over
-        # the optimizers built on it (setup() does so right after the move).
-        self._last_move: RestorePoint | None = None
-
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        return _root_device(self.parallel_devices, self._accelerator, self._root_device)
-
-    def accel_handle(self) -> accel.Accelerator:
-        """The accel accelerator this strategy moves to, checked against the run's setup."""
-        return _handle(self, self.parallel_devices, self._accelerator)
-
-    @override
-    def setup_environment(self) -> None:
-        self.accel_handle()
-        super().setup_environment()
-
-    @override
-    def module_to_device(self, module: Module) -> None:
-        handle = self.accel_handle()
-        before = RestorePoint(module)
-        _require_in_place(module, handle.model_to_device(module), handle)
-        self._last_move = before
-
-    @override
-    def setup_module_and_optimizers(
-        self, module: Module, optimizers: list[Optimizer], scheduler: _LRScheduler | None = None
-    ) -> tuple[Module, list[Optimizer], _LRScheduler | None]:
-        before, self._last_move = self._last_move, None
-        if before is not None and optimizers:
-            retarget_optimizers(optimizers, before, self.root_device)
-        return super().setup_module_and_optimizers(module, optimizers, scheduler)
-
-    @override
-    def setup_module(self, module: Module) -> Module:
-        self._last_move = None
-        return super().setup_module(module)
-
-    @override
-    def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
-        result = super().optimizer_step(optimizer, **kwargs)
-        self.accel_handle().mark_step()
-        return result
-
-
-def _default_device(accelerator: AccelAccelerator | None) -> torch.device:
-    return torch.device("cpu") if accelerator is None else accelerator.handle().device
-
-
-def _root_device(
-    parallel_devices: list[torch.device] | None, accelerator: object, fallback: torch.device
-) -> torch.device:
-    if parallel_devices:
-        return parallel_devices[0]
-    if isinstance(accelerator, AccelAccelerator):
-        return accelerator.handle().device
-    return fallback
-
-
-def _handle(
-    strategy: object, parallel_devices: list[torch.device] | None, accelerator: object
-) -> accel.Accelerator:
-    strategy_name = type(strategy).__name__
-    if not isinstance(accelerator, AccelAccelerator):
-        found = "none" if accelerator is None else type(accelerator).__name__
-        raise TypeError(
-            f"{strategy_name} moves models with an accel accelerator, but the run's "
-            f"accelerator is {found}. Name it in the strategy ({strategy_name}('cpu')) or "
-            f"pass accelerator=AccelAccelerator('cpu') (any accel accelerator name)."
-        )
-    if parallel_devices is not None and len(parallel_devices) != 1:
-        devices = ", ".join(str(device) for device in parallel_devices)
-        raise ValueError(
-            f"{strategy_name} runs on one device per process, but devices= asked for "
-            f"{len(parallel_devices)} ({devices}). Pass devices=1, or devices=[INDEX] "
-            f"for one particular device."
-        )
-    device = parallel_devices[0] if parallel_devices else accelerator.handle().device
-    return accelerator.handle_for(device)
-
-
-def _require_in_place(model: Module, moved: Module, handle: accel.Accelerator) -> None:
-    if moved is not model:
-        raise RuntimeError(
-            f"accelerator {handle.name!r} moved the model by returning a new module "
-            f"({type(moved).__name__}) instead of moving it in place; Lightning keeps "
-            f"the module it was given, so its strategies need in-place moves. Ask the "
-            f"plugin's authors for an in-place model_to_device."
+            accelerator, registry=registry, checkpoint_io=checkpoint_io, precision=precision
         )

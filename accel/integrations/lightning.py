@@ -13,6 +13,10 @@ Quick use (Trainer, then Fabric)::
 * :class:`AccelStrategy` (Trainer) and :class:`AccelFabricStrategy` (Fabric):
   single-device strategies that move the model with
   :meth:`accel.Accelerator.model_to_device`, so tied weights stay tied on TPU.
+* :class:`AccelDDPStrategy` (Trainer) and :class:`AccelFabricDDPStrategy` (Fabric):
+  one process per device, launched by Lightning, DDP through
+  :mod:`accel.distributed`.
+* :class:`AccelCheckpointIO`: checkpoints written with :meth:`accel.Accelerator.save`.
 
 Needs the ``lightning`` package (``pip install 'lightning>=2.5'``); ``import accel``
 never imports this module.
@@ -33,6 +37,15 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
     ) from exc
 
 from accel.integrations._lightning_accelerator import AccelAccelerator
+from accel.integrations._lightning_checkpoint import AccelCheckpointIO
+from accel.integrations._lightning_ddp import AccelDDPStrategy, AccelFabricDDPStrategy
 from accel.integrations._lightning_strategies import AccelFabricStrategy, AccelStrategy
 
-__all__ = ["AccelAccelerator", "AccelFabricStrategy", "AccelStrategy"]
+__all__ = [
+    "AccelAccelerator",
+    "AccelCheckpointIO",
+    "AccelDDPStrategy",
+    "AccelFabricDDPStrategy",
+    "AccelFabricStrategy",
+    "AccelStrategy",
+]

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 import accel
+import accel.distributed
 from accel.distributed import DistributedSetupError
 from accel.plugins import tpu
 from helpers.fakes import MetaTpuPlugin
@@ -863,6 +864,64 @@ def _launch_port_in_use(mp: pytest.MonkeyPatch) -> object:
             raise
         finally:
             adist.destroy_process_group()
+
+
+@case("lightning-pickle-own-registry", TypeError)
+def _lightning_pickle_own_registry(mp: pytest.MonkeyPatch) -> object:
+    import pickle
+
+    from accel.integrations.lightning import AccelAccelerator
+
+    return pickle.dumps(AccelAccelerator("npu", registry=isolated_registry(_plugin())))
+
+
+@case("lightning-single-device-several", ValueError)
+def _lightning_single_device_several(mp: pytest.MonkeyPatch) -> object:
+    from lightning.fabric import Fabric
+
+    from accel.integrations.lightning import AccelFabricStrategy
+
+    registry = isolated_registry(_plugin(device_count=lambda self: 2))
+    fabric = Fabric(strategy=AccelFabricStrategy("npu", registry=registry), devices=2)
+    return fabric.setup(nn.Linear(2, 2))
+
+
+@case("lightning-ddp-device-mismatch", accel.distributed.DistributedSetupError)
+def _lightning_ddp_device_mismatch(mp: pytest.MonkeyPatch) -> object:
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    from accel.integrations.lightning import AccelFabricDDPStrategy
+
+    for name in (*accel.distributed.TORCHRUN_VARIABLES, "LOCAL_WORLD_SIZE"):
+        mp.delenv(name, raising=False)
+    registry = isolated_registry(
+        _plugin(
+            device_count=lambda self: 2,
+            get_device=lambda self, index: torch.device("cpu", index or 0),
+        )
+    )
+    strategy = AccelFabricDDPStrategy(
+        "npu", registry=registry, cluster_environment=LightningEnvironment(), timeout=30
+    )
+    strategy.parallel_devices = [torch.device("cpu", 1)]  # Lightning's devices=[1]
+    try:
+        return strategy.setup_environment()
+    finally:
+        accel.distributed.destroy_process_group(barrier=False)
+
+
+@case("lightning-checkpoint-storage-options", TypeError)
+def _lightning_checkpoint_storage_options(mp: pytest.MonkeyPatch) -> object:
+    from accel.integrations.lightning import AccelCheckpointIO
+
+    return AccelCheckpointIO().save_checkpoint({}, "unused.ckpt", storage_options={"a": 1})
+
+
+@case("lightning-checkpoint-missing", FileNotFoundError)
+def _lightning_checkpoint_missing(mp: pytest.MonkeyPatch) -> object:
+    from accel.integrations.lightning import AccelCheckpointIO
+
+    return AccelCheckpointIO().load_checkpoint("missing.ckpt")
 
 
 # -- the tests -------------------------------------------------------------------------

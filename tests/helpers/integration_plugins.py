@@ -64,3 +64,12 @@ class VendorPlugin:
     @accel.hookimpl
     def memory_stats(self) -> dict[str, int | None]:
         return dict(self.MEMORY)
+
+
+class IndexedVendorPlugin(VendorPlugin):
+    """Accelerator ``vendornpu`` whose devices carry their index (``cpu:0``, ``cpu:1``),
+    as a real vendor's do, so that a worker put on the wrong one shows."""
+
+    @accel.hookimpl
+    def get_device(self, index: int | None) -> torch.device:
+        return torch.device("cpu", index or 0)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from helpers.models import TiedLM
 
@@ -17,10 +17,10 @@ LR = 0.5
 BATCH = 4
 
 
-def dataset() -> TensorDataset:
+def dataset(samples: int = STEPS * BATCH) -> TensorDataset:
     generator = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, VOCAB, (STEPS * BATCH, 5), generator=generator)
-    targets = torch.randint(0, VOCAB, (STEPS * BATCH, 5), generator=generator)
+    tokens = torch.randint(0, VOCAB, (samples, 5), generator=generator)
+    targets = torch.randint(0, VOCAB, (samples, 5), generator=generator)
     return TensorDataset(tokens, targets)
 
 
@@ -47,6 +47,26 @@ def reference(initial: TiedLM) -> TiedLM:
     model = copy.deepcopy(initial)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     for tokens, targets in batches():
+        loss_of(model, tokens, targets).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model
+
+
+def data_parallel_reference(initial: TiedLM, processes: int, *, shuffle: bool) -> TiedLM:
+    """The plain torch loop that, each step, takes the batches of every one of
+    ``processes`` DDP ranks at once (equal batches: what DDP's gradient averaging
+    amounts to), with the rank's data chosen as by a ``DistributedSampler``."""
+    model = copy.deepcopy(initial)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    data = dataset(STEPS * BATCH * processes)
+    orders = [
+        list(DistributedSampler(data, num_replicas=processes, rank=rank, shuffle=shuffle))
+        for rank in range(processes)
+    ]
+    for step in range(STEPS):
+        chosen = [index for order in orders for index in order[step * BATCH : (step + 1) * BATCH]]
+        tokens, targets = data[chosen]
         loss_of(model, tokens, targets).backward()
         optimizer.step()
         optimizer.zero_grad()
