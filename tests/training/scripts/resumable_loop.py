@@ -116,8 +116,10 @@ def main() -> int:
             if step == term_after:
                 os.kill(os.getpid(), signal.SIGTERM)
             if guard.requested or step % args.every == 0:
-                acc.save({**state, "step": step, "rng": acc.rng_state()},
-                         checkpoint_path(directory, step))
+                acc.save(
+                    {**state, "step": step, "rng": acc.rng_state()},
+                    checkpoint_path(directory, step),
+                )
                 prune_checkpoints(directory, keep=2)
             if guard.requested:
                 print(f"preempted: saved step {step}", flush=True)
