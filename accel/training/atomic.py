@@ -121,7 +121,8 @@ def _write(obj: Any, file: BinaryIO, target: Path) -> None:
 
 
 class _CpuPickler(pickle.Pickler):
-    """Pickles a tensor that is not on the CPU as its CPU copy, one copy per tensor."""
+    """Pickles a tensor that is not on the CPU (or needs grad) as its detached CPU copy,
+    one copy per tensor."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -132,7 +133,8 @@ class _CpuPickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         import torch
 
-        if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+        # Stored detached (a Parameter as a plain tensor), as state_dict() gives them.
+        if isinstance(obj, torch.Tensor) and (obj.device.type != "cpu" or obj.requires_grad):
             copy = obj.detach().to("cpu")
             self._copies.append(copy)
             return copy.__reduce_ex__(2)  # type: ignore[no-untyped-call]

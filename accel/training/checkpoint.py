@@ -197,7 +197,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
             f"checkpoints written by acc.save (tensors, numbers, strings, containers); if "
             f"you trust this file, allow its types with torch.serialization.add_safe_globals"
         ) from exc
-    except (RuntimeError, EOFError, ValueError) as exc:
+    except Exception as exc:  # a torn file fails anywhere in the unpickler: KeyError, ...
         raise _not_a_checkpoint(name, exc) from exc
 
 
