@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -188,12 +189,12 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
     try:
         return torch.load(name, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        if "Weights only load failed" not in str(exc):
+        refused = re.search(r"Unsupported (?:global|class): (?:GLOBAL )?([\w.]+)", str(exc))
+        if refused is None:  # not a refusal: bytes the unpickler cannot read at all
             raise _not_a_checkpoint(name, exc) from exc
-        refused = str(exc).split("Please file an issue", 1)[0].strip()
         raise pickle.UnpicklingError(
-            f"load refused {name!r}: it holds objects that weights_only loading does not "
-            f"build, and nothing in it was run. torch says: {refused} Load only "
+            f"load refused {name!r}: it asks to build {refused.group(1)}, which "
+            f"weights_only loading does not allow, and nothing in it was run. Load only "
             f"checkpoints written by acc.save (tensors, numbers, strings, containers); if "
             f"you trust this file, allow its types with torch.serialization.add_safe_globals"
         ) from exc
