@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Final
 
@@ -31,14 +32,17 @@ def checkpoint_path(directory: str | os.PathLike[str], step: int) -> Path:
 
 
 def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
-    """The checkpoints in ``directory``, oldest step first (none if it does not exist)."""
+    """The checkpoints in ``directory``, oldest step first (none if it does not exist):
+    files :meth:`Accelerator.save` wrote and directories
+    :func:`accel.distributed.save_sharded` wrote (complete once they have the name)."""
     root = Path(os.fspath(directory))
     if not root.is_dir():
         return []
     found = []
     for entry in os.scandir(root):
         match = _NAME.match(entry.name)
-        if match and entry.is_file():
+        # A file from acc.save, or a directory from accel.distributed.save_sharded.
+        if match and (entry.is_file() or os.path.isfile(os.path.join(entry.path, ".metadata"))):
             found.append((int(match.group(1)), root / entry.name))
     return [path for _, path in sorted(found)]
 
@@ -64,5 +68,8 @@ def prune_checkpoints(directory: str | os.PathLike[str], keep: int) -> list[Path
         )
     old = list_checkpoints(directory)[:-keep]
     for path in old:
-        path.unlink(missing_ok=True)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
     return old
