@@ -828,6 +828,28 @@ def _ckpt_guard_thread(mp: pytest.MonkeyPatch) -> object:
     raise raised[0]
 
 
+@case("ckpt-sharded-exists", FileExistsError)
+def _ckpt_sharded_exists(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+
+    return accel.distributed.save_sharded({"model": TiedLM()}, _saved(1).parent)
+
+
+@case("ckpt-sharded-missing", FileNotFoundError)
+def _ckpt_sharded_missing(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+
+    return accel.distributed.load_sharded(_saved(1).parent, {"model": TiedLM()})
+
+
+@case("ckpt-sharded-two-models", TypeError)
+def _ckpt_sharded_two_models(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+
+    path = _saved(1).parent / "sharded"
+    return accel.distributed.save_sharded({"a": TiedLM(), "b": TiedLM()}, path)
+
+
 # TPU and torch_xla -----------------------------------------------------------------
 
 
