@@ -55,15 +55,16 @@ class CheckpointMethods(TrainingStepMethods):
         from accel.training.checkpoint import storable
 
         _check_path("save", path)
-        stored = storable(obj, self.state_dict)
         if self._hooks.only_fallback("mark_step"):
-            self._hooks.save(stored, path)
+            self._hooks.save(storable(obj, self.state_dict), path)
             return
-        # XLA: run what is pending so tensors cross as data. A step mark advances XLA's
-        # generator; put it back, so that this save does not show in later draws.
+        # XLA: run what is pending so tensors cross as data. Each step mark (this one,
+        # and state_dict's for every module) advances XLA's generator; put it back, so
+        # that this save does not show in later draws.
         device_rng = self._hooks.rng_state(self.device)
-        self.mark_step()
         try:
+            stored = storable(obj, self.state_dict)
+            self.mark_step()
             self._hooks.save(stored, path)
         finally:
             self._hooks.set_rng_state(device_rng, self.device)

@@ -71,8 +71,9 @@ def test_xla_generator_round_trips_and_a_save_does_not_show_in_later_draws(
 
     # A save between steps (the step already marked, as optimizer_step does outside a
     # device_loader loop) leaves no trace in later draws, though it marks a step itself.
+    model = tpu.model_to_device(TiedLM())  # its state_dict marks the step too
     tpu.set_rng_state(state)
-    tpu.save({"x": draw()}, tmp_path / "c.pt")
+    tpu.save({"x": draw(), "model": model}, tmp_path / "c.pt")
     with_save = draw()
     tpu.set_rng_state(state)
     draw()
