@@ -74,6 +74,7 @@ def main() -> int:
     parser.add_argument("--accelerator", default="cpu")
     args = parser.parse_args()
     directory = Path(args.dir)
+    directory.mkdir(parents=True, exist_ok=True)
     kill_after = int(os.environ.get("KILL_AFTER_STEP", "-1"))
     term_after = int(os.environ.get("TERM_AFTER_STEP", "-1"))
     current = [0]
