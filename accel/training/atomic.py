@@ -56,7 +56,9 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
     except OSError as exc:
         raise _naming(exc, target, "creating a file next to it") from exc
     try:
-        with os.fdopen(descriptor, "wb") as file:
+        # Unbuffered: torch hands over large chunks, and a buffer would copy each once
+        # more (a third of torch.save's own speed, measured on GPT-2-sized states).
+        with os.fdopen(descriptor, "wb", buffering=0) as file:
             _write(obj, file, target)
             file.flush()
             os.fsync(file.fileno())
@@ -93,11 +95,17 @@ class _RecordingFile:
         self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
+        # An unbuffered file may write part of a chunk (a disk filling up): finish it,
+        # or record why not.
+        view = memoryview(data).cast("B")
+        written = 0
         try:
-            return self.file.write(data)
+            while written < len(view):
+                written += self.file.write(view[written:]) or 0
         except OSError as exc:
             self.error = exc
             raise
+        return written
 
     def flush(self) -> None:
         self.file.flush()
