@@ -43,7 +43,15 @@ def test_a_checkpoint_loads_back_onto_xla_with_ties_and_optimizer_state(
     torch.manual_seed(1)
     fresh = tpu.model_to_device(TiedLM())
     fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    import torch_xla.debug.metrics as met
+
+    tpu.mark_step()
+    met.clear_all()
     remainder = tpu.load(tmp_path / "c.pt", {"model": fresh, "optimizer": fresh_optimizer})
+    tpu.synchronize()
+    # The restored tensors are uploaded as data: no graph compiled, per tensor or at all.
+    assert met.metric_data("CompileTime") is None
+    assert met.counter_value("MarkStep") == 1
     assert remainder == {"step": 1}
     assert fresh.head.weight is fresh.embed.weight and fresh.embed.weight.device.type == "xla"
     for name, tensor in model.state_dict().items():
