@@ -41,6 +41,7 @@ __all__ = [
     "distributed_backend",
     "get_device",
     "is_available",
+    "load",
     "manual_seed",
     "mark_step",
     "memory_stats",
@@ -49,7 +50,9 @@ __all__ = [
     "post_move_hook",
     "pre_move_hook",
     "register_accelerators",
+    "rng_state",
     "save",
+    "set_rng_state",
     "state_dict",
     "synchronize",
 ]
@@ -364,18 +367,75 @@ def state_dict(accelerator: str, model: torch.nn.Module) -> dict[str, Any] | Non
 
 @hookspec(firstresult=True)
 def save(accelerator: str, obj: Any, path: str | os.PathLike[str]) -> bool | None:
-    """Write ``obj`` (its tensors already on the CPU) to ``path``; return ``True``.
+    """Write ``obj`` to ``path`` atomically, its tensors on the CPU; return ``True``.
 
-    Only the main process of a distributed job writes; a process that must not
-    write returns ``True`` too, having handled the call. *First result*: the
-    fallback writes with ``torch.save`` on rank 0 of an initialised
-    :mod:`torch.distributed` group, or always without one. Example::
+    ``obj`` is what the user saved, its modules, optimizers and schedulers already
+    replaced by their state dicts and the step already marked; its tensors may still
+    be on the device. The write must be atomic: ``path`` holds the previous file or
+    the new one, never a torn one
+    (:func:`accel.training.atomic.atomic_save` does it, and stores tensors on the CPU).
+    Only the main process of a distributed job writes, every process returns once the
+    file is complete, and a failed write raises an ``OSError`` on every process.
+    *First result*: the fallback
+    (:func:`accel.training.checkpoint.save_on_main_process`) writes on rank 0 of an
+    initialised :mod:`torch.distributed` group, or always without one. Example::
 
         @accel.hookimpl
         def save(obj, path):
             if my_runtime.rank() == 0:
-                torch.save(obj, path)
+                accel.training.atomic.atomic_save(obj, path)
             my_runtime.barrier()
+            return True
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def load(accelerator: str, path: str | os.PathLike[str]) -> Any:
+    """Read the object :func:`save` wrote to ``path``, its tensors on the CPU.
+
+    Must read with ``weights_only=True`` (a checkpoint never runs code). The handle then
+    restores the state into the user's objects in place and marks the step. *First
+    result*: the fallback (:func:`accel.training.checkpoint.load_checkpoint`) is
+    ``torch.load(path, map_location="cpu", weights_only=True)`` with clear errors.
+    Example::
+
+        @accel.hookimpl
+        def load(path):
+            my_runtime.prefetch(path)
+            return None  # then let the fallback read it
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def rng_state(accelerator: str, device: torch.device) -> Any:
+    """Return the state of this accelerator's device generators (host ones are accel's).
+
+    The value is stored in checkpoints, so it must hold only what
+    ``torch.load(weights_only=True)`` reads: tensors, numbers, strings, containers.
+    *First result*: the fallback returns ``{"type": device.type, "states": [...]}``
+    from ``torch.<device type>.get_rng_state_all()`` (CUDA, XPU, ...) or
+    ``get_rng_state()`` (MPS), and ``None`` for the CPU (torch's host generator is
+    stored by accel itself). Example::
+
+        @accel.hookimpl
+        def rng_state(device):
+            return {"type": "npu", "seed": my_runtime.current_seed(device)}
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def set_rng_state(accelerator: str, state: Any, device: torch.device) -> bool | None:
+    """Put back the device generator state :func:`rng_state` returned; return ``True``.
+
+    *First result*: the fallback sets what its ``rng_state`` read and refuses a state
+    from another device type with a ``ValueError``. Example::
+
+        @accel.hookimpl
+        def set_rng_state(state, device):
+            my_runtime.set_seed(state["seed"], device)
             return True
     """
     raise NotImplementedError

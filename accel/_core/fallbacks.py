@@ -134,10 +134,49 @@ def state_dict(model: torch.nn.Module) -> dict[str, Any]:
 
 @hookimpl(trylast=True)
 def save(obj: Any, path: str | os.PathLike[str]) -> bool:
-    import torch
+    from accel.training.checkpoint import save_on_main_process
 
-    from accel.training.checkpoint import is_main_process
+    save_on_main_process(obj, path)
+    return True
 
-    if is_main_process():
-        torch.save(obj, path)
+
+@hookimpl(trylast=True)
+def load(path: str | os.PathLike[str]) -> Any:
+    from accel.training.checkpoint import load_checkpoint
+
+    return load_checkpoint(path)
+
+
+@hookimpl(trylast=True)
+def rng_state(device: torch.device) -> Any:
+    from accel.training.rng import device_generators_of
+
+    module = None if device.type == "cpu" else device_generators_of(device.type)
+    if module is None:
+        return {"type": device.type, "states": []}  # the host generator is stored apart
+    if hasattr(module, "get_rng_state_all"):
+        states = list(module.get_rng_state_all())
+    else:
+        states = [module.get_rng_state()]
+    return {"type": device.type, "states": states}
+
+
+@hookimpl(trylast=True)
+def set_rng_state(accelerator: str, state: Any, device: torch.device) -> bool:
+    from accel.training.rng import device_generators_of
+
+    if not isinstance(state, dict) or state.get("type") != device.type:
+        found = state.get("type") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(
+            f"set_rng_state: the device generator state is from {found!r}, but accelerator "
+            f"{accelerator!r} runs on {device.type!r}; resume on the accelerator that "
+            f"saved it, or leave the 'device' entry out (the device draws then differ)"
+        )
+    module = device_generators_of(device.type)
+    states = state.get("states") or []
+    if module is not None and states:
+        if hasattr(module, "set_rng_state_all"):
+            module.set_rng_state_all(states)
+        else:
+            module.set_rng_state(states[0])
     return True

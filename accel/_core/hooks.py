@@ -175,6 +175,15 @@ class AcceleratorHooks:
     def save(self, obj: Any, path: str | os.PathLike[str]) -> None:
         self._first("save", obj=obj, path=path)
 
+    def load(self, path: str | os.PathLike[str]) -> Any:
+        return self._first("load", path=path)[0]
+
+    def rng_state(self, device: torch.device) -> Any:
+        return self._first("rng_state", device=device)[0]
+
+    def set_rng_state(self, state: Any, device: torch.device) -> None:
+        self._first("set_rng_state", state=state, device=device)
+
     # -- what the handle's fast paths and messages need -----------------------------
 
     def only_fallback(self, hook_name: str) -> bool:

@@ -21,6 +21,7 @@ Importing this package does not import torch; the functions do.
 
 from __future__ import annotations
 
+from accel.distributed._checkpoint import load_sharded, save_sharded
 from accel.distributed._data_parallel import wrap_data_parallel
 from accel.distributed._devices import local_accelerator
 from accel.distributed._errors import DistributedSetupError
@@ -60,10 +61,12 @@ __all__ = [
     "fully_shard_tied",
     "init_process_group",
     "init_spmd",
+    "load_sharded",
     "local_accelerator",
     "process_group",
     "read_launch_environment",
     "read_torchrun_environment",
+    "save_sharded",
     "shard_batch",
     "wrap_data_parallel",
 ]

@@ -110,14 +110,51 @@ class XlaTrainingHooks:
 
     @hookimpl
     def save(self, obj: Any, path: Any) -> bool:
-        import torch
         import torch_xla.core.xla_model as xm
         import torch_xla.runtime as xr
 
+        from accel.training.atomic import atomic_save
+
+        if xr.world_size() == 1:
+            atomic_save(obj, path)
+            return True
+        failure: BaseException | None = None
         if xm.is_master_ordinal(local=False):
-            torch.save(obj, path)
-        if xr.world_size() > 1:
-            xm.rendezvous("accel.save")  # nobody reads the file before it is written
+            try:
+                atomic_save(obj, path)
+            except BaseException as exc:  # the others wait for word of it, whatever it is
+                failure = exc
+        # Nobody reads the file before it is complete; nobody returns if it failed.
+        word = b"" if failure is None else f"{type(failure).__name__}: {failure}".encode()
+        outcomes = xm.rendezvous("accel.save", payload=word)
+        if failure is not None:
+            raise failure
+        told = [bytes(outcome).decode() for outcome in outcomes if outcome]
+        if told:
+            raise OSError(
+                f"save: the master ordinal could not write the checkpoint {str(path)!r}: {told[0]}"
+            )
+        return True
+
+    @hookimpl
+    def rng_state(self, device: torch.device) -> dict[str, Any]:
+        import torch_xla.core.xla_model as xm
+
+        # XLA's generator is one seed per device, advanced at every step mark.
+        return {"type": "xla", "seed": int(xm.get_rng_state(device=str(device)))}
+
+    @hookimpl
+    def set_rng_state(self, accelerator: str, state: Any, device: torch.device) -> bool:
+        import torch_xla.core.xla_model as xm
+
+        if not isinstance(state, dict) or state.get("type") != "xla" or "seed" not in state:
+            found = state.get("type") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(
+                f"set_rng_state: the device generator state is from {found!r}, but "
+                f"accelerator {accelerator!r} runs on XLA; resume on the accelerator that "
+                f"saved it, or leave the 'device' entry out (the device draws then differ)"
+            )
+        xm.set_rng_state(int(state["seed"]), device=str(device))
         return True
 
 

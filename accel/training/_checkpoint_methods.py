@@ -1,9 +1,12 @@
 """The checkpoint methods of the :class:`~accel.Accelerator` handle: the model's state
-on the CPU and writing it, through the ``state_dict`` and ``save`` hooks."""
+on the CPU, writing and reading checkpoints, the random generators and preemption,
+through the ``state_dict``, ``save``, ``load``, ``rng_state`` and ``set_rng_state``
+hooks."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from accel.training._step_methods import TrainingStepMethods
@@ -11,11 +14,14 @@ from accel.training._step_methods import TrainingStepMethods
 if TYPE_CHECKING:
     from torch import nn
 
+    from accel.training.preemption import PreemptionGuard
+
 __all__ = ["CheckpointMethods"]
 
 
 class CheckpointMethods(TrainingStepMethods):
-    """State dicts and saving; they mark the step first, so XLA tensors cross as data."""
+    """State dicts, saving and loading; they mark the step first, so XLA tensors cross
+    as data."""
 
     __slots__ = ()
 
@@ -34,17 +40,106 @@ class CheckpointMethods(TrainingStepMethods):
         return self._hooks.state_dict(model)
 
     def save(self, obj: Any, path: str | os.PathLike[str]) -> None:
-        """Write ``obj`` to ``path`` with ``torch.save``, its tensors on the CPU (shared
-        tensors stay shared); in a distributed job only the main process writes.
+        """Write ``obj`` to ``path`` atomically and durably, its tensors on the CPU
+        (shared tensors stay shared); in a distributed job only the main process
+        writes, and every process returns once the file is complete.
 
-        Pass :meth:`state_dict`'s result, or any dict/list of tensors and values (an
-        optimizer's ``state_dict()``).
+        In a dict, modules, optimizers, LR schedulers and grad scalers are stored as
+        their state dicts (a module's through :meth:`state_dict`, a tied weight once);
+        other values as they are. ``path`` holds the previous file or the new one at
+        any moment, never a torn one. Saving leaves every random generator as it was.
+
+        :raises OSError: the file could not be written; the message names ``path``,
+            and the previous file there is unchanged.
         """
-        from accel.training.checkpoint import to_cpu
+        from accel.training.checkpoint import storable
 
-        if not isinstance(path, (str, os.PathLike)):
+        _check_path("save", path)
+        if self._hooks.only_fallback("mark_step"):
+            self._hooks.save(storable(obj, self.state_dict), path)
+            return
+        # XLA: run what is pending so tensors cross as data. Each step mark (this one,
+        # and state_dict's for every module) advances XLA's generator; put it back, so
+        # that this save does not show in later draws.
+        device_rng = self._hooks.rng_state(self.device)
+        try:
+            stored = storable(obj, self.state_dict)
+            self.mark_step()
+            self._hooks.save(stored, path)
+        finally:
+            self._hooks.set_rng_state(device_rng, self.device)
+
+    def load(self, path: str | os.PathLike[str], state: Mapping[str, Any] | None = None) -> Any:
+        """Read a checkpoint :meth:`save` wrote, with ``weights_only=True``.
+
+        Without ``state``: the stored object, its tensors on the CPU. With ``state``
+        (the dict that was saved, say): every value with ``load_state_dict`` gets its
+        stored state in place (a module keeps its device and its ties, optimizer state
+        lands on its parameters' device), and the other stored entries are returned as
+        a dict. Nothing changes unless everything fits.
+
+        :raises FileNotFoundError: no file at ``path``.
+        :raises KeyError: a key of ``state`` with ``load_state_dict`` is not in the file.
+        :raises ValueError: the file is not a checkpoint, or a module's parameters differ
+            in name or shape (named).
+        :raises pickle.UnpicklingError: the file holds objects ``weights_only`` refuses.
+        """
+        from accel.training.checkpoint import restore_into
+
+        _check_path("load", path)
+        if state is not None and not isinstance(state, Mapping):
             raise TypeError(
-                f"save expects a file path (str or os.PathLike), got {type(path).__name__}"
+                f"load(path, state) expects state to be a dict of the objects to restore "
+                f"(model, optimizer, ...), got {type(state).__name__}"
             )
-        self.mark_step()  # XLA: run what is pending, so tensors cross as data
-        self._hooks.save(to_cpu(obj), path)
+        stored = self._hooks.load(path)
+        if state is None:
+            return stored
+        remainder = restore_into(stored, state, os.fspath(path))
+        self.mark_step()  # XLA: the restored tensors become device data in one step
+        return remainder
+
+    def rng_state(self) -> dict[str, Any]:
+        """The state of every generator a run draws from: ``"python"``, ``"numpy"``
+        (``None`` without NumPy), ``"torch"`` (the host) and ``"device"`` (this
+        accelerator's generators; XLA keeps its own). Store it in a checkpoint and give
+        it back to :meth:`set_rng_state`."""
+        from accel.training.rng import host_rng_state
+
+        return {**host_rng_state(), "device": self._hooks.rng_state(self.device)}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Put every generator back as :meth:`rng_state` found it.
+
+        :raises TypeError: ``state`` is not a dict.
+        :raises ValueError: an entry is missing, or the device state is from another
+            device type.
+        """
+        from accel.training.rng import set_host_rng_state
+
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"set_rng_state expects the dict acc.rng_state() returned, got "
+                f"{type(state).__name__}"
+            )
+        set_host_rng_state(dict(state))
+        if state.get("device") is not None:
+            self._hooks.set_rng_state(state["device"], self.device)
+
+    def preemption_guard(self, *, signals: tuple[int, ...] | None = None) -> PreemptionGuard:
+        """A context manager that notes SIGTERM and SIGUSR1 instead of dying of them.
+
+        Inside it, ``guard.requested`` turns true at the step where a signal was noted,
+        on every process of a distributed job at the same step; save then and leave
+        the loop. The previous signal handlers are back on exit.
+        """
+        from accel.training.preemption import PreemptionGuard
+
+        return PreemptionGuard(self.device, signals=signals)
+
+
+def _check_path(operation: str, path: object) -> None:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"{operation} expects a file path (str or os.PathLike), got {type(path).__name__}"
+        )

@@ -1,4 +1,5 @@
-"""Checkpoints that load anywhere: tensors on the CPU, shared tensors kept shared.
+"""Checkpoints that load anywhere: tensors on the CPU, shared tensors kept shared;
+and putting a loaded checkpoint back into the objects of a training run.
 
 ``model.state_dict()`` on an accelerator returns device tensors, and moving them to
 the CPU one by one turns a tied weight (GPT-2's embedding and output layer) into two
@@ -10,13 +11,25 @@ that held it gets the same CPU tensor.
 from __future__ import annotations
 
 import dataclasses
+import os
+import pickle
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["cpu_state_dict", "is_main_process", "map_tensors", "to_cpu"]
+__all__ = [
+    "cpu_state_dict",
+    "is_main_process",
+    "load_checkpoint",
+    "map_tensors",
+    "restore_into",
+    "save_on_main_process",
+    "storable",
+    "to_cpu",
+]
 
 
 def cpu_state_dict(model: torch.nn.Module) -> dict[str, Any]:
@@ -96,3 +109,170 @@ def is_main_process() -> bool:
     if not dist.is_available() or not dist.is_initialized():
         return True
     return dist.get_rank() == 0
+
+
+# -- saving -----------------------------------------------------------------------------
+
+
+def storable(obj: Any, module_state: Callable[[Any], dict[str, Any]]) -> Any:
+    """``obj`` as it is stored: in a dict, a value with ``state_dict()`` (a module, an
+    optimizer, an LR scheduler, a grad scaler) becomes its state dict, a module's
+    through ``module_state``; anything else is ``obj`` itself, untouched."""
+    from torch import nn
+
+    if not isinstance(obj, Mapping) or not any(_has_state(v) for v in obj.values()):
+        return obj  # the very object: one that contains itself still does
+    return {
+        key: (
+            module_state(value)
+            if isinstance(value, nn.Module)
+            else value.state_dict()
+            if _has_state(value)
+            else value
+        )
+        for key, value in obj.items()
+    }
+
+
+def save_on_main_process(obj: Any, path: str | os.PathLike[str]) -> None:
+    """:func:`~accel.training.atomic.atomic_save` on the main process of an initialised
+    :mod:`torch.distributed` group (or in a lone process); every rank returns once the
+    file is complete, and raises if the main process could not write it."""
+    import torch.distributed as dist
+
+    from accel.training.atomic import atomic_save
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        atomic_save(obj, path)
+        return
+    failure: BaseException | None = None
+    if dist.get_rank() == 0:
+        try:
+            atomic_save(obj, path)
+        except BaseException as exc:  # the others wait for word of it, whatever it is
+            failure = exc
+    outcome = [None if failure is None else f"{type(failure).__name__}: {failure}"]
+    dist.broadcast_object_list(outcome, src=0)  # also the barrier: the file is complete
+    if failure is not None:
+        raise failure
+    if outcome[0] is not None:
+        raise OSError(
+            f"save: the main process (rank 0) could not write the checkpoint "
+            f"{os.fspath(path)!r}: {outcome[0]}"
+        )
+
+
+# -- loading ----------------------------------------------------------------------------
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> Any:
+    """``torch.load(path, weights_only=True)``, tensors on the CPU, with errors that say
+    what the file is.
+
+    :raises FileNotFoundError: there is no file at ``path``.
+    :raises pickle.UnpicklingError: the file asks to run or build something that
+        ``weights_only`` refuses (it is never run).
+    :raises ValueError: the file is not a checkpoint (torn, or not ``torch.save``'s).
+    """
+    import torch
+
+    name = os.fspath(path)
+    if not os.path.isfile(name):
+        raise FileNotFoundError(
+            2,
+            f"load: there is no checkpoint file at {name!r}"
+            + (" (a directory)" if os.path.isdir(name) else "")
+            + "; check the path, or find the newest one with "
+            "accel.training.retention.latest_checkpoint(directory)",
+            name,
+        )
+    try:
+        return torch.load(name, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        refused = re.search(r"Unsupported (?:global|class): (?:GLOBAL )?([\w.]+)", str(exc))
+        if refused is None:  # not a refusal: bytes the unpickler cannot read at all
+            raise _not_a_checkpoint(name, exc) from exc
+        raise pickle.UnpicklingError(
+            f"load refused {name!r}: it asks to build {refused.group(1)}, which "
+            f"weights_only loading does not allow, and nothing in it was run. Load only "
+            f"checkpoints written by acc.save (tensors, numbers, strings, containers); if "
+            f"you trust this file, allow its types with torch.serialization.add_safe_globals"
+        ) from exc
+    except Exception as exc:  # a torn file fails anywhere in the unpickler: KeyError, ...
+        raise _not_a_checkpoint(name, exc) from exc
+
+
+def restore_into(stored: Any, state: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """Load ``stored[key]`` into every value of ``state`` with ``load_state_dict``, in
+    place; return the stored entries that were not loaded into anything.
+
+    Everything is checked before anything changes: a missing key or a module whose
+    shapes differ leaves every object as it was.
+
+    :raises KeyError: a key of ``state`` with ``load_state_dict`` is not in the file.
+    :raises ValueError: the file holds no dict, or a module's keys or shapes differ.
+    """
+    from torch import nn
+
+    if not isinstance(stored, Mapping):
+        raise ValueError(
+            f"load: {path!r} holds a {type(stored).__name__}, not a dict of entries, so "
+            f"there is nothing to restore state into; call acc.load({path!r}) without state"
+        )
+    targets = {key: value for key, value in state.items() if hasattr(value, "load_state_dict")}
+    missing = [key for key in targets if key not in stored]
+    if missing:
+        raise KeyError(
+            f"load: {path!r} has no entry {', '.join(map(repr, missing))} to restore; it "
+            f"has {', '.join(map(repr, stored)) or 'no entries'}. Save the same keys you "
+            f"load, or leave that key out of state"
+        )
+    for key, target in targets.items():
+        if isinstance(target, nn.Module):
+            _check_module_state(key, target, stored[key], path)
+    # Modules first: an optimizer puts its state on its parameters' device.
+    order = sorted(targets, key=lambda key: not isinstance(targets[key], nn.Module))
+    for key in order:
+        targets[key].load_state_dict(stored[key])
+    return {key: value for key, value in stored.items() if key not in targets}
+
+
+def _check_module_state(key: str, module: Any, stored: Any, path: str) -> None:
+    import torch
+
+    if not isinstance(stored, Mapping):
+        raise ValueError(
+            f"load: entry {key!r} of {path!r} is a {type(stored).__name__}, not a state "
+            f"dict, so it cannot be loaded into the {type(module).__name__} of state[{key!r}]"
+        )
+    current = module.state_dict()
+    absent = [name for name in current if name not in stored]
+    unexpected = [name for name in stored if name not in current]
+    if absent or unexpected:
+        raise ValueError(
+            f"load: entry {key!r} of {path!r} does not fit the {type(module).__name__} of "
+            f"state[{key!r}]: missing {absent or 'nothing'}, unexpected "
+            f"{unexpected or 'nothing'}; build the model as it was when saved"
+        )
+    for name, tensor in current.items():
+        saved = stored[name]
+        tensors = isinstance(tensor, torch.Tensor) and isinstance(saved, torch.Tensor)
+        if tensors and saved.shape != tensor.shape:
+            raise ValueError(
+                f"load: parameter {name!r} of entry {key!r} in {path!r} has shape "
+                f"{tuple(saved.shape)}, but the model's has shape {tuple(tensor.shape)}; "
+                f"build the model with the configuration it was saved with"
+            )
+
+
+def _has_state(value: Any) -> bool:
+    return callable(getattr(value, "state_dict", None)) and not isinstance(value, type)
+
+
+def _not_a_checkpoint(name: str, exc: BaseException) -> ValueError:
+    return ValueError(
+        f"load: {name!r} is not a checkpoint torch can read ({type(exc).__name__}: "
+        f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}): a file cut short, or "
+        f"not written by acc.save or torch.save. acc.save never leaves a torn file; load "
+        f"an older checkpoint (accel.training.retention.latest_checkpoint)"
+    )

@@ -690,6 +690,166 @@ def _spec_availability_auto_not_bool(mp: pytest.MonkeyPatch) -> object:
     return accel.Availability(True, auto="no")  # type: ignore[arg-type]
 
 
+# Checkpoints and resume ------------------------------------------------------------
+
+
+def _cpu() -> accel.Accelerator:
+    return isolated_registry().get_accelerator("cpu")
+
+
+def _saved(value: object) -> Path:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "c.pt"
+    _cpu().save(value, path)
+    return path
+
+
+@case("ckpt-save-missing-directory", FileNotFoundError)
+def _ckpt_save_missing_directory(mp: pytest.MonkeyPatch) -> object:
+    import tempfile
+
+    return _cpu().save({"step": 1}, Path(tempfile.mkdtemp()) / "missing" / "last.pt")
+
+
+@case("ckpt-save-disk-full", OSError)
+def _ckpt_save_disk_full(mp: pytest.MonkeyPatch) -> object:
+    import resource
+    import signal
+
+    path = _saved({"small": torch.zeros(4)})
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a core dump
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        return _cpu().save({"big": torch.zeros(2**18)}, path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+        assert torch.equal(torch.load(path)["small"], torch.zeros(4))
+
+
+@case("ckpt-save-path-int", TypeError)
+def _ckpt_save_path_int(mp: pytest.MonkeyPatch) -> object:
+    return _cpu().save({}, 3)  # type: ignore[arg-type]
+
+
+@case("ckpt-load-missing-file", FileNotFoundError)
+def _ckpt_load_missing_file(mp: pytest.MonkeyPatch) -> object:
+    return _cpu().load(_saved(1).parent / "absent.pt")
+
+
+@case("ckpt-load-not-a-checkpoint", ValueError)
+def _ckpt_load_not_a_checkpoint(mp: pytest.MonkeyPatch) -> object:
+    path = _saved(1)
+    path.write_text("not a checkpoint")
+    return _cpu().load(path)
+
+
+class _Hostile:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (print, ("this must never run",))
+
+
+@case("ckpt-load-hostile-pickle", __import__("pickle").UnpicklingError)
+def _ckpt_load_hostile_pickle(mp: pytest.MonkeyPatch) -> object:
+    path = _saved(1)
+    torch.save({"model": _Hostile()}, path)
+    return _cpu().load(path)
+
+
+@case("ckpt-load-missing-key", KeyError)
+def _ckpt_load_missing_key(mp: pytest.MonkeyPatch) -> object:
+    model = TiedLM()
+    scheduler = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters()), 1)
+    return _cpu().load(_saved({"model": model}), {"model": model, "scheduler": scheduler})
+
+
+@case("ckpt-load-shape-mismatch", ValueError)
+def _ckpt_load_shape_mismatch(mp: pytest.MonkeyPatch) -> object:
+    return _cpu().load(_saved({"model": TiedLM()}), {"model": TiedLM(vocab=20)})
+
+
+@case("ckpt-load-other-keys", ValueError)
+def _ckpt_load_other_keys(mp: pytest.MonkeyPatch) -> object:
+    grown = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    return _cpu().load(_saved({"model": nn.Sequential(nn.Linear(2, 2))}), {"model": grown})
+
+
+@case("ckpt-load-not-a-dict", ValueError)
+def _ckpt_load_not_a_dict(mp: pytest.MonkeyPatch) -> object:
+    return _cpu().load(_saved([1, 2]), {"model": TiedLM()})
+
+
+@case("ckpt-load-state-list", TypeError)
+def _ckpt_load_state_list(mp: pytest.MonkeyPatch) -> object:
+    return _cpu().load(_saved({}), [TiedLM()])  # type: ignore[arg-type]
+
+
+@case("ckpt-rng-other-device", ValueError)
+def _ckpt_rng_other_device(mp: pytest.MonkeyPatch) -> object:
+    acc = _cpu()
+    return acc.set_rng_state({**acc.rng_state(), "device": {"type": "cuda", "states": []}})
+
+
+@case("ckpt-rng-not-a-dict", TypeError)
+def _ckpt_rng_not_a_dict(mp: pytest.MonkeyPatch) -> object:
+    return _cpu().set_rng_state([1, 2])  # type: ignore[arg-type]
+
+
+@case("ckpt-rng-missing-key", ValueError)
+def _ckpt_rng_missing_key(mp: pytest.MonkeyPatch) -> object:
+    return _cpu().set_rng_state({"torch": torch.get_rng_state()})
+
+
+@case("ckpt-keep-zero", ValueError)
+def _ckpt_keep_zero(mp: pytest.MonkeyPatch) -> object:
+    from accel.training.retention import prune_checkpoints
+
+    return prune_checkpoints(_saved(1).parent, keep=0)
+
+
+@case("ckpt-guard-thread", RuntimeError)
+def _ckpt_guard_thread(mp: pytest.MonkeyPatch) -> object:
+    import threading
+
+    raised: list[BaseException] = []
+
+    def enter() -> None:
+        try:
+            with _cpu().preemption_guard():
+                pass
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=enter)
+    thread.start()
+    thread.join()
+    raise raised[0]
+
+
+@case("ckpt-sharded-exists", FileExistsError)
+def _ckpt_sharded_exists(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+
+    return accel.distributed.save_sharded({"model": TiedLM()}, _saved(1).parent)
+
+
+@case("ckpt-sharded-missing", FileNotFoundError)
+def _ckpt_sharded_missing(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+
+    return accel.distributed.load_sharded(_saved(1).parent, {"model": TiedLM()})
+
+
+@case("ckpt-sharded-two-models", TypeError)
+def _ckpt_sharded_two_models(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+
+    path = _saved(1).parent / "sharded"
+    return accel.distributed.save_sharded({"a": TiedLM(), "b": TiedLM()}, path)
+
+
 # TPU and torch_xla -----------------------------------------------------------------
 
 

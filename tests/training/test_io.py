@@ -199,13 +199,19 @@ def test_only_the_main_process_of_a_distributed_job_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     acc = isolated_registry().get_accelerator("cpu")
+    told: list[list[object]] = []  # what rank 0 broadcast: None, the file is complete
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(
+        torch.distributed, "broadcast_object_list", lambda objects, src: told.append(objects)
+    )
     monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
     acc.save({"x": torch.ones(1)}, tmp_path / "rank1.pt")
     assert not (tmp_path / "rank1.pt").exists()
     monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 0)
     acc.save({"x": torch.ones(1)}, tmp_path / "rank0.pt")
     assert torch.equal(torch.load(tmp_path / "rank0.pt")["x"], torch.ones(1))
+    assert told == [[None], [None]]  # every rank waited for rank 0's word
 
 
 def test_a_plugins_save_hook_decides_the_writing(tmp_path: Path) -> None:

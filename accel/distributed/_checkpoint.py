@@ -1,0 +1,173 @@
+"""Sharded checkpoints: each rank writes its own shards through
+:mod:`torch.distributed.checkpoint` (DCP), and the checkpoint appears whole or not at all.
+
+A sharded model (FSDP2's ``fully_shard_tied``) has no rank holding all of its state,
+so :meth:`Accelerator.save`, which writes on the main process, does not fit it. DCP
+writes one file per rank plus a ``.metadata`` file, and can load onto another world
+size. It writes into its directory in place, though: a kill mid-save leaves a
+directory that looks like a checkpoint. Here DCP writes into a temporary directory
+beside the target, and once every rank's shards and the metadata are written, the
+main process renames it to the target (and fsyncs the parent): the target path holds
+a complete checkpoint, or is absent, or holds the previous one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["load_sharded", "save_sharded"]
+
+_PLAIN = "accel.plain"  # the entry under which the plain values travel, as one object
+
+
+def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+    """Save ``state`` as a DCP checkpoint directory at ``path``, on every rank together.
+
+    ``state`` holds one module (sharded or not), optimizers over its parameters, and
+    plain values (a step, :meth:`Accelerator.rng_state`). Every rank must call it with
+    its own objects; each writes its shards, and every rank returns once the
+    checkpoint is complete at ``path``.
+
+    :raises TypeError: ``state`` is not a dict, or holds no module or two.
+    :raises FileExistsError: ``path`` exists already (sharded checkpoints are written
+        once: name them by step with :func:`accel.training.retention.checkpoint_path`).
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import state_dict_saver
+
+    target = Path(os.fspath(path))
+    _, app_state = _app_state(state, "save_sharded")
+    if target.exists():
+        raise FileExistsError(
+            17,
+            f"save_sharded: {str(target)!r} exists already; a sharded checkpoint is written "
+            f"once, so save each one to a new path (checkpoint_path(directory, step))",
+            str(target),
+        )
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    # Every rank must name the same directory: the main process's host and pid.
+    word = [f".{target.name}.{socket.gethostname()}.{os.getpid()}.accel-tmp"]
+    if dist.is_initialized():
+        dist.broadcast_object_list(word, src=0)
+    temporary = target.with_name(word[0])
+    try:
+        state_dict_saver.save(app_state, checkpoint_id=str(temporary))  # ends with every rank done
+        if dist.is_initialized():
+            dist.barrier()
+        if rank == 0:
+            os.replace(temporary, target)
+            _fsync_directory(target.parent)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    if dist.is_initialized():
+        dist.barrier()  # nobody reads the checkpoint before it has its name
+
+
+def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict[str, Any]:
+    """Load the DCP checkpoint at ``path`` into the objects of ``state`` in place, on
+    every rank together; return the plain values that were saved.
+
+    The world size may differ from the one that saved (DCP reshards).
+
+    :raises FileNotFoundError: no checkpoint at ``path``.
+    """
+    from torch.distributed.checkpoint import state_dict_loader
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    target = Path(os.fspath(path))
+    if not (target / ".metadata").is_file():
+        raise FileNotFoundError(
+            2,
+            f"load_sharded: there is no sharded checkpoint at {str(target)!r} (no "
+            f".metadata); check the path, or find the newest with latest_checkpoint()",
+            str(target),
+        )
+    model, app_state = _app_state(state, "load_sharded")
+    state_dict_loader.load(app_state, checkpoint_id=str(target), planner=_weights_only_planner())
+    plain = dict(app_state[_PLAIN])
+    for key, value in state.items():
+        if value is model:
+            set_model_state_dict(model, app_state[key])
+        elif _is_optimizer(value):
+            set_optimizer_state_dict(model, value, app_state[key])
+        elif key in plain and hasattr(value, "load_state_dict"):
+            value.load_state_dict(plain.pop(key))
+    return plain
+
+
+def _weights_only_planner() -> Any:
+    """DCP's load planner, reading its pickled (non-tensor) entries the way
+    :meth:`Accelerator.load` reads a file: ``weights_only``, so nothing in it runs."""
+    import io
+
+    import torch
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            data = value.getvalue()
+            torch.load(io.BytesIO(data), weights_only=True)  # raises on anything unsafe
+            super().load_bytes(read_item, io.BytesIO(data))
+
+    return WeightsOnlyLoadPlanner()
+
+
+def _app_state(state: Mapping[str, Any], caller: str) -> tuple[nn.Module, dict[str, Any]]:
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    if not isinstance(state, Mapping):
+        raise TypeError(f"{caller} expects a dict of the run's objects, got {type(state).__name__}")
+    modules = [key for key, value in state.items() if isinstance(value, nn.Module)]
+    if len(modules) != 1:
+        raise TypeError(
+            f"{caller} expects exactly one module in state (the optimizers' model), got "
+            f"{len(modules)}: {modules}; save other models in checkpoints of their own"
+        )
+    model = state[modules[0]]
+    app_state: dict[str, Any] = {_PLAIN: {}}
+    for key, value in state.items():
+        if value is model:
+            app_state[key] = get_model_state_dict(model)
+        elif _is_optimizer(value):
+            app_state[key] = get_optimizer_state_dict(model, value)
+        elif hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
+            app_state[_PLAIN][key] = value.state_dict()  # a scheduler: same on every rank
+        else:
+            app_state[_PLAIN][key] = value
+    return model, app_state
+
+
+def _is_optimizer(value: object) -> bool:
+    import torch
+
+    return isinstance(value, torch.optim.Optimizer)
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)

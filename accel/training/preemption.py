@@ -1,0 +1,101 @@
+"""Preemption: a signal that asks a run to stop becomes a flag the loop checks at a step
+boundary, the same step on every process, so every process saves and leaves together.
+
+SLURM (``--signal=USR1@90`` or at the time limit), Kubernetes and spot VMs send SIGTERM
+(or the signal asked for) some seconds before they kill the process. The default
+SIGTERM handler dies on the spot, mid-step or mid-save; the guard notes the signal
+instead. In a :mod:`torch.distributed` job the ranks agree on the flag with an
+all-reduce started at one check and read at the next, so a check never waits on the
+network: the request shows one step after the signal on every rank at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, Final, final
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["DEFAULT_SIGNALS", "PreemptionGuard"]
+
+#: What the guard notes by default: SIGTERM (Kubernetes, spot VMs, ``scancel``, SLURM's
+#: time limit) and SIGUSR1 (SLURM's ``--signal=USR1@90``).
+DEFAULT_SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1)
+
+
+@final
+class PreemptionGuard:
+    """Notes preemption signals while active; ``requested`` says when to save and stop.
+
+    Use it through :meth:`Accelerator.preemption_guard`. Signal handlers can only be set
+    from the main thread, so it must be entered there.
+    """
+
+    __slots__ = ("_device", "_pending", "_previous", "_requested", "_signals", "received")
+
+    def __init__(self, device: torch.device, *, signals: tuple[int, ...] | None = None) -> None:
+        self._device = device
+        self._signals = DEFAULT_SIGNALS if signals is None else tuple(signals)
+        self._previous: dict[int, Any] = {}
+        self._pending: tuple[Any, torch.Tensor] | None = None
+        self._requested = False
+        #: The signal noted in this process (``None``: none yet).
+        self.received: int | None = None
+
+    def __enter__(self) -> PreemptionGuard:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "preemption_guard() must be entered in the main thread: Python delivers "
+                "signals there only; enter it around the training loop in the main thread"
+            )
+        for number in self._signals:
+            self._previous[number] = signal.signal(number, self._note)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous.clear()
+        if self._pending is not None:
+            self._pending[0].wait()  # leave no collective half done
+            self._pending = None
+
+    def _note(self, number: int, frame: FrameType | None) -> None:
+        self.received = number
+
+    @property
+    def requested(self) -> bool:
+        """Whether to save and stop now. Read it once per step, on every process: in a
+        distributed job the processes agree at each read (it stays true once true)."""
+        if self._requested:
+            return True
+        import torch.distributed as dist
+
+        local = self.received is not None
+        if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+            self._requested = local
+            return local
+        import torch
+
+        agreed = False
+        if self._pending is not None:
+            work, flag = self._pending
+            work.wait()
+            agreed = bool(flag.item())
+        if agreed:
+            self._pending = None
+            self._requested = True
+            return True
+        # nccl reduces device tensors only; gloo host tensors.
+        device = self._device if dist.get_backend() == "nccl" else torch.device("cpu")
+        flag = torch.tensor([int(local)], dtype=torch.int32, device=device)
+        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
+        return False

@@ -1,0 +1,83 @@
+"""Resume across two gloo ranks: DDP through acc.save / acc.load, FSDP2 through
+accel.distributed.save_sharded / load_sharded. Both ranks are killed after a
+checkpoint, restarted, and end with the parameters of an uninterrupted run, bit for
+bit; a SIGTERM to one rank under preemption_guard makes both save at the same step
+and exit 0."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import accel
+from accel.training.retention import latest_checkpoint, list_checkpoints
+from helpers.distributed import (  # noqa: F401  (an autouse fixture)
+    SCRIPTS,
+    no_launcher_and_no_group,
+    run_torchrun,
+    worker_env,
+)
+
+SCRIPT = str(SCRIPTS / "resumable_ranks.py")
+
+
+def _launch(mode: str, directory: Path, **env: str) -> tuple[int, str]:
+    done = run_torchrun([SCRIPT, mode, str(directory)], env=worker_env(**env))
+    return done.returncode, done.stdout
+
+
+def _final(directory: Path) -> dict[str, torch.Tensor]:
+    stored = accel.get_accelerator("cpu").load(directory / "final.pt")
+    assert stored["tied"] is True
+    return stored["model"]  # type: ignore[no-any-return]
+
+
+def _assert_equal(resumed: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> None:
+    assert resumed.keys() == reference.keys() and "head.weight" in resumed
+    for name in reference:
+        assert torch.equal(resumed[name], reference[name]), name
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_both_ranks_killed_resume_equal_to_an_uninterrupted_run(mode: str, tmp_path: Path) -> None:
+    code, output = _launch(mode, tmp_path / "reference")
+    assert code == 0, output
+    reference = _final(tmp_path / "reference")
+
+    run = tmp_path / "run"
+    code, output = _launch(mode, run, KILL_AFTER_STEP="5")
+    assert code != 0, output
+    assert [p.name for p in list_checkpoints(run)] == ["step-000000003.pt"]
+    assert not (run / "final.pt").exists()
+    if mode == "ddp":
+        assert accel.get_accelerator("cpu").load(run / "step-000000003.pt")["step"] == 3
+
+    code, output = _launch(mode, run)
+    assert code == 0, output
+    assert output.count("resumed from step-000000003.pt at step 3") == 2  # both ranks
+    _assert_equal(_final(run), reference)
+
+
+def test_sigterm_to_one_rank_makes_both_save_the_same_step_and_exit_0(tmp_path: Path) -> None:
+    code, output = _launch("ddp", tmp_path / "reference")
+    assert code == 0, output
+    reference = _final(tmp_path / "reference")
+
+    run = tmp_path / "run"
+    code, output = _launch("ddp", run, TERM_AFTER_STEP="4")
+    assert code == 0, output
+    # Rank 1 noted it after step 4; the ranks agreed one read later, at step 5.
+    assert sorted(re.findall(r"rank (\d) preempted: saved step (\d+)", output)) == [
+        ("0", "5"),
+        ("1", "5"),
+    ]
+    newest = latest_checkpoint(run)
+    assert newest is not None and newest.name == "step-000000005.pt"
+
+    code, output = _launch("ddp", run)
+    assert code == 0, output
+    assert output.count("resumed from step-000000005.pt at step 5") == 2
+    _assert_equal(_final(run), reference)
