@@ -226,11 +226,12 @@ def optimizer_step(
     and returns what it returns; with a ``scaler`` (float16 loss scaling, see
     :func:`grad_scaler`) it is ``scaler.step(optimizer)`` then ``scaler.update()``.
     A plugin that steps itself must honour ``scaler`` the same way. Most plugins do
-    their work *around* that step, as a wrapper: the TPU plugin reduces gradients across replicas before it and marks
-    the XLA step after it (inside a ``device_loader`` loop, at the next batch). A
-    plain implementation that returns ``None`` lets the fallback step; one that
-    steps itself must return a value other than ``None``
-    (or the fallback steps a second time), so prefer a wrapper. Example::
+    their work *around* that step, as a wrapper: the TPU plugin reduces gradients
+    across replicas before it (those :func:`clip_grad_norm_` reduced excepted) and
+    marks the XLA step after it (inside a ``device_loader`` loop, at the next batch).
+    A plain implementation that returns ``None`` lets the fallback step; one that
+    steps itself must return a value other than ``None`` (or the fallback steps a
+    second time), so prefer a wrapper. Example::
 
         @accel.hookimpl(wrapper=True)
         def optimizer_step(optimizer):
