@@ -17,7 +17,9 @@ def _matmul_dtype() -> torch.dtype:
     return (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
 
 
-@pytest.mark.parametrize("full", [{"enabled": False}, {"dtype": torch.float32}, {"dtype": "float32"}])
+@pytest.mark.parametrize(
+    "full", [{"enabled": False}, {"dtype": torch.float32}, {"dtype": "float32"}]
+)
 def test_full_precision_switches_off_an_enclosing_autocast(
     registry: accel.AcceleratorRegistry, full: dict[str, Any]
 ) -> None:
