@@ -78,7 +78,7 @@ def optimizer_step(
     if scaler is not None:
         from accel.training.scaling import scaled_step
 
-        return scaled_step(optimizer, scaler)
+        return scaled_step(optimizer, scaler, closure)
     return optimizer.step() if closure is None else optimizer.step(closure)
 
 

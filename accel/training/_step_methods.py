@@ -84,7 +84,7 @@ class TrainingStepMethods(HandleBase):
             # No plugin steps differently: skip the hook machinery (a few µs a step).
             try:
                 if scaler is not None:
-                    return _scaled_step(optimizer, scaler)
+                    return _scaled_step(optimizer, scaler, closure)
                 return optimizer.step() if closure is None else optimizer.step(closure)
             except Exception as exc:
                 add_note(
@@ -310,7 +310,9 @@ def _check_scaler(scaler: object, closure: object) -> None:
         )
 
 
-def _scaled_step(optimizer: torch.optim.Optimizer, scaler: Any) -> Any:
+def _scaled_step(
+    optimizer: torch.optim.Optimizer, scaler: Any, closure: Callable[[], Any] | None
+) -> Any:
     from accel.training.scaling import scaled_step
 
-    return scaled_step(optimizer, scaler)
+    return scaled_step(optimizer, scaler, closure)

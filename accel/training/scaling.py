@@ -7,6 +7,7 @@ bfloat16 keeps float32's exponent range and needs no scaling, nor does float32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,10 +18,14 @@ __all__ = ["checked_scaler", "scaled_step"]
 _SCALER_METHODS = ("scale", "unscale_", "step", "update")
 
 
-def scaled_step(optimizer: torch.optim.Optimizer, scaler: Any) -> Any:
+def scaled_step(
+    optimizer: torch.optim.Optimizer, scaler: Any, closure: Callable[[], Any] | None = None
+) -> Any:
     """``scaler.step(optimizer)`` then ``scaler.update()``; what the step returned
-    (``None`` where the scaler skipped it for gradients that overflowed)."""
-    result = scaler.step(optimizer)
+    (``None`` where the scaler skipped it for gradients that overflowed). A closure
+    reaches the optimizer only through a disabled scaler (torch refuses it otherwise).
+    """
+    result = scaler.step(optimizer) if closure is None else scaler.step(optimizer, closure)
     scaler.update()
     return result
 
