@@ -126,10 +126,14 @@ def torch_autocast(
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return context
 
+# The short names training configurations use (nanoGPT's, Accelerate's mixed_precision).
+_SHORT_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
 
 def requested_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     """``dtype`` as a :class:`torch.dtype`: a string names one (``"float32"``,
-    ``"bfloat16"``), so a loop's configuration can hold it as text.
+    ``"bfloat16"``, or the short ``"fp32"``, ``"bf16"``, ``"fp16"``), so a loop's
+    configuration can hold it as text.
 
     :raises TypeError: neither a dtype, ``None``, nor the name of a torch dtype.
     """
@@ -138,12 +142,14 @@ def requested_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     if isinstance(dtype, str):
-        named = getattr(torch, dtype.strip().removeprefix("torch."), None)
+        name = dtype.strip().lower().removeprefix("torch.")
+        named = getattr(torch, _SHORT_NAMES.get(name, name), None)
         if isinstance(named, torch.dtype):
             return named
         raise TypeError(
             f"autocast(dtype={dtype!r}): torch has no dtype of that name; pass a "
-            f"torch.dtype such as torch.bfloat16, or its name such as 'bfloat16'"
+            f"torch.dtype such as torch.bfloat16, or a name: 'bfloat16' ('bf16'), "
+            f"'float16' ('fp16'), 'float32' ('fp32')"
         )
     raise TypeError(
         f"autocast(dtype=...) expects a torch.dtype such as torch.bfloat16, got "

@@ -37,6 +37,8 @@ def test_a_dtype_may_be_named() -> None:
         assert _matmul_dtype() is torch.float16
     with cpu.autocast("torch.bfloat16"):
         assert _matmul_dtype() is torch.bfloat16
+    with cpu.autocast("bf16"), cpu.autocast("FP32"):
+        assert _matmul_dtype() is torch.float32
 
 
 def test_full_precision_asks_no_plugin() -> None:
