@@ -272,7 +272,7 @@ def clip_grad_norm_(
 
 @hookspec(firstresult=True)
 def no_sync(
-    accelerator: str, model: torch.nn.Module, enabled: bool
+    accelerator: str, model: torch.nn.Module, enabled: bool, device: torch.device
 ) -> AbstractContextManager[Any] | None:
     """Return a context in which ``backward()`` does not reduce ``model``'s gradients
     across processes: the micro-steps of gradient accumulation.
