@@ -126,6 +126,7 @@ def torch_autocast(
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return context
 
+
 # The short names training configurations use (nanoGPT's, Accelerate's mixed_precision).
 _SHORT_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
