@@ -36,16 +36,20 @@ if TYPE_CHECKING:
 __all__ = [
     "autocast",
     "batch_to_device",
+    "clip_grad_norm_",
+    "compile_backend",
     "device_count",
     "device_loader",
     "distributed_backend",
     "get_device",
+    "grad_scaler",
     "is_available",
     "load",
     "manual_seed",
     "mark_step",
     "memory_stats",
     "model_to_device",
+    "no_sync",
     "optimizer_step",
     "post_move_hook",
     "pre_move_hook",
@@ -217,16 +221,20 @@ def optimizer_step(
     optimizer: torch.optim.Optimizer,
     closure: Callable[[], Any] | None,
     device: torch.device,
+    scaler: torch.amp.GradScaler | None,
 ) -> Any:
     """Step ``optimizer`` (with ``closure`` when given) the way this accelerator needs.
 
     *First result*: the built-in fallback, asked last, is ``optimizer.step(closure)``
-    and returns what it returns. Most plugins do their work *around* that step, as a
-    wrapper: the TPU plugin reduces gradients across replicas before it and marks
-    the XLA step after it (inside a ``device_loader`` loop, at the next batch). A
-    plain implementation that returns ``None`` lets the fallback step; one that
-    steps itself must return a value other than ``None``
-    (or the fallback steps a second time), so prefer a wrapper. Example::
+    and returns what it returns; with a ``scaler`` (float16 loss scaling, see
+    :func:`grad_scaler`) it is ``scaler.step(optimizer)`` then ``scaler.update()``.
+    A plugin that steps itself must honour ``scaler`` the same way. Most plugins do
+    their work *around* that step, as a wrapper: the TPU plugin reduces gradients
+    across replicas before it (those :func:`clip_grad_norm_` reduced excepted) and
+    marks the XLA step after it (inside a ``device_loader`` loop, at the next batch).
+    A plain implementation that returns ``None`` lets the fallback step; one that
+    steps itself must return a value other than ``None`` (or the fallback steps a
+    second time), so prefer a wrapper. Example::
 
         @accel.hookimpl(wrapper=True)
         def optimizer_step(optimizer):
@@ -234,6 +242,89 @@ def optimizer_step(
             result = yield  # the step itself
             my_runtime.flush()
             return result
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def clip_grad_norm_(
+    accelerator: str,
+    parameters: list[torch.Tensor],
+    max_norm: float,
+    norm_type: float,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """Clip the gradients of ``parameters`` to total norm ``max_norm``; return the
+    total norm before clipping, as a tensor (no ``.item()``: on a lazy device that
+    would run the graph).
+
+    Called after ``backward()`` and before ``optimizer_step``. Where gradients are
+    reduced across replicas *in* the step, reduce them here first, or every replica
+    clips its own unreduced gradients, and make the step not reduce them again: the
+    TPU plugin does both. *First result*: the fallback is
+    :func:`accel.training.clipping.clip_grad_norm` (torch's ``clip_grad_norm_``, with
+    FSDP2's sharded norm reduced to a plain tensor). Example::
+
+        @accel.hookimpl
+        def clip_grad_norm_(parameters, max_norm, norm_type):
+            my_runtime.all_reduce_gradients(parameters)
+            return accel.training.clipping.clip_grad_norm(parameters, max_norm, norm_type)
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def no_sync(
+    accelerator: str, model: torch.nn.Module, enabled: bool, device: torch.device
+) -> AbstractContextManager[Any] | None:
+    """Return a context in which ``backward()`` does not reduce ``model``'s gradients
+    across processes: the micro-steps of gradient accumulation.
+
+    ``enabled`` is ``False`` on the micro-step that must sync (the last); return a
+    context that changes nothing then. *First result*: the fallback
+    (:func:`accel.training.accumulation.gradient_sync_paused`) uses DDP's
+    ``no_sync()``, FSDP2's ``set_requires_gradient_sync(False)``, and nothing for a
+    plain model. Implement it for a runtime that reduces gradients in ``backward()``
+    in a way of its own. Example::
+
+        @accel.hookimpl
+        def no_sync(model, enabled):
+            return my_runtime.skip_gradient_reduction(model) if enabled else None
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def grad_scaler(
+    accelerator: str, device: torch.device, options: dict[str, Any]
+) -> torch.amp.GradScaler | None:
+    """Return a loss scaler for float16 training on ``device``, built with ``options``
+    (``init_scale``, ``growth_interval``, ... as the user passed them).
+
+    Asked only when the loop trains in float16 (bfloat16 and float32 need no
+    scaling, and the handle returns ``None`` without asking). The result must have
+    ``scale``, ``unscale_``, ``step`` and ``update``, as ``torch.amp.GradScaler``
+    does. *First result*: the fallback is ``torch.amp.GradScaler(device.type,
+    **options)``. Example::
+
+        @accel.hookimpl
+        def grad_scaler(options):
+            return my_runtime.amp.GradScaler(**options)
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def compile_backend(accelerator: str, device: torch.device) -> str | Callable[..., Any] | None:
+    """Name the ``torch.compile`` backend for this accelerator: a registered backend
+    name (``torch._dynamo.list_backends()``) or a backend callable.
+
+    *First result*: the fallback is ``"inductor"`` (the CPU and CUDA); the TPU
+    plugin answers ``"openxla"``. Example::
+
+        @accel.hookimpl
+        def compile_backend():
+            return "npu_backend"  # registered by the vendor's torch extension
     """
     raise NotImplementedError
 

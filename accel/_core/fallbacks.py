@@ -70,8 +70,44 @@ def batch_to_device(batch: Any, device: torch.device) -> Any:
 
 
 @hookimpl(trylast=True)
-def optimizer_step(optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None) -> Any:
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    closure: Callable[[], Any] | None,
+    scaler: torch.amp.GradScaler | None,
+) -> Any:
+    if scaler is not None:
+        from accel.training.scaling import scaled_step
+
+        return scaled_step(optimizer, scaler, closure)
     return optimizer.step() if closure is None else optimizer.step(closure)
+
+
+@hookimpl(trylast=True)
+def clip_grad_norm_(
+    parameters: list[torch.Tensor], max_norm: float, norm_type: float
+) -> torch.Tensor:
+    from accel.training.clipping import clip_grad_norm
+
+    return clip_grad_norm(parameters, max_norm, norm_type)
+
+
+@hookimpl(trylast=True)
+def no_sync(model: torch.nn.Module, enabled: bool) -> AbstractContextManager[Any]:
+    from accel.training.accumulation import gradient_sync_paused
+
+    return gradient_sync_paused(model, enabled)
+
+
+@hookimpl(trylast=True)
+def grad_scaler(device: torch.device, options: dict[str, Any]) -> torch.amp.GradScaler:
+    import torch
+
+    return torch.amp.GradScaler(device.type, **options)
+
+
+@hookimpl(trylast=True)
+def compile_backend() -> str:
+    return "inductor"
 
 
 @hookimpl(trylast=True)

@@ -127,9 +127,62 @@ class AcceleratorHooks:
         optimizer: torch.optim.Optimizer,
         closure: Callable[[], Any] | None,
         device: torch.device,
+        scaler: torch.amp.GradScaler | None = None,
     ) -> Any:
-        step = self._first("optimizer_step", optimizer=optimizer, closure=closure, device=device)
+        step = self._first(
+            "optimizer_step", optimizer=optimizer, closure=closure, device=device, scaler=scaler
+        )
         return step[0]
+
+    def clip_grad_norm_(
+        self,
+        parameters: list[torch.Tensor],
+        max_norm: float,
+        norm_type: float,
+        device: torch.device,
+    ) -> torch.Tensor:
+        import torch
+
+        norm, who = self._first(
+            "clip_grad_norm_",
+            parameters=parameters,
+            max_norm=max_norm,
+            norm_type=norm_type,
+            device=device,
+        )
+        if not isinstance(norm, torch.Tensor):
+            raise self._bad("clip_grad_norm_", f"returned {_shown(norm)}; expected a tensor", who)
+        return norm
+
+    def no_sync(
+        self, model: torch.nn.Module, enabled: bool, device: torch.device
+    ) -> AbstractContextManager[Any]:
+        return self._context("no_sync", model=model, enabled=enabled, device=device)
+
+    def grad_scaler(self, device: torch.device, options: dict[str, Any]) -> torch.amp.GradScaler:
+        scaler, who = self._first("grad_scaler", device=device, options=options)
+        missing = [
+            name
+            for name in ("scale", "unscale_", "step", "update")
+            if not callable(getattr(scaler, name, None))
+        ]
+        if missing:
+            raise self._bad(
+                "grad_scaler",
+                f"returned {type(scaler).__name__}, not a GradScaler (no {', '.join(missing)})",
+                who,
+            )
+        return scaler  # type: ignore[no-any-return]
+
+    def compile_backend(self, device: torch.device) -> str | Callable[..., Any]:
+        backend, who = self._first("compile_backend", device=device)
+        if not (isinstance(backend, str) and backend) and not callable(backend):
+            raise self._bad(
+                "compile_backend",
+                f"returned {_shown(backend)}; expected a backend name or a backend callable",
+                who,
+            )
+        return backend  # type: ignore[no-any-return]
 
     def mark_step(self, device: torch.device) -> None:
         self._each("mark_step", device=device)
@@ -143,12 +196,7 @@ class AcceleratorHooks:
     def autocast(
         self, device: torch.device, dtype: torch.dtype | None
     ) -> AbstractContextManager[Any]:
-        context, who = self._first("autocast", device=device, dtype=dtype)
-        if not (hasattr(context, "__enter__") and hasattr(context, "__exit__")):
-            raise self._bad(
-                "autocast", f"returned {type(context).__name__}, not a context manager", who
-            )
-        return context  # type: ignore[no-any-return]
+        return self._context("autocast", device=device, dtype=dtype)
 
     def memory_stats(self, device: torch.device) -> MemoryStats:
         from accel.training.memory import memory_stats_problem
@@ -247,6 +295,15 @@ class AcceleratorHooks:
             if result is not None:
                 return result, impl.plugin_name
         return None, None
+
+    def _context(self, hook_name: str, **kwargs: Any) -> AbstractContextManager[Any]:
+        """A first-result hook's answer, checked to be a context manager."""
+        context, who = self._first(hook_name, **kwargs)
+        if not (hasattr(context, "__enter__") and hasattr(context, "__exit__")):
+            raise self._bad(
+                hook_name, f"returned {type(context).__name__}, not a context manager", who
+            )
+        return context  # type: ignore[no-any-return]
 
     def _expect(self, hook_name: str, expected: type[_T], **kwargs: Any) -> _T:
         """A first-result hook's answer, checked to be an ``expected`` (bool is no int)."""

@@ -32,14 +32,18 @@ __all__ = ["XlaTrainingHooks"]
 
 
 class XlaTrainingHooks:
-    """Gradient reduction, step marking, RNG, precision, memory, loading, saving."""
+    """Gradient reduction and clipping, compiling, step marking, RNG, precision, memory,
+    loading, saving."""
 
     @hookimpl(wrapper=True)
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> Generator[None, Any, Any]:
         import torch_xla
-        import torch_xla.core.xla_model as xm
 
-        xm.reduce_gradients(optimizer)  # all-reduce, only when several replicas train
+        from accel.plugins._xla_gradients import reduce_for_step
+
+        # All-reduce, only when several replicas train, and not again what clipping did;
+        # before a scaler's step, so every replica sees the same overflow.
+        reduce_for_step(optimizer)
         result = yield  # the step itself (the fallback, or another plugin's)
         loop = _loop_state()
         if loop.active and loop.fetches != loop.fetches_at_last_step:
@@ -49,6 +53,22 @@ class XlaTrainingHooks:
             loop.owed = False
         loop.fetches_at_last_step = loop.fetches
         return result
+
+    @hookimpl
+    def clip_grad_norm_(
+        self, parameters: list[torch.Tensor], max_norm: float, norm_type: float
+    ) -> torch.Tensor:
+        from accel.plugins._xla_gradients import note_reduced, reduce_for_clipping
+        from accel.training.clipping import clip_grad_norm
+
+        reduce_for_clipping(parameters)  # every replica clips the same, reduced gradients
+        norm = clip_grad_norm(parameters, max_norm, norm_type)
+        note_reduced(parameters)  # so optimizer_step does not reduce them again
+        return norm
+
+    @hookimpl
+    def compile_backend(self) -> str:
+        return "openxla"  # torch_xla's dynamo backend
 
     @hookimpl
     def mark_step(self) -> None:

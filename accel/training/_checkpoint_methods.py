@@ -28,16 +28,19 @@ class CheckpointMethods(TrainingStepMethods):
     def state_dict(self, model: nn.Module) -> dict[str, Any]:
         """``model``'s state dict with every tensor on the CPU; a tensor the model holds
         under several names (a tied weight) is one CPU tensor under all of them, so
-        ``torch.save`` stores it once and ``load_state_dict`` restores the tie.
+        ``torch.save`` stores it once and ``load_state_dict`` restores the tie. Of a
+        compiled model (:meth:`compile`), the plain model's keys.
         """
         from torch import nn
+
+        from accel.training.compiling import unwrap_compiled
 
         if not isinstance(model, nn.Module):
             raise TypeError(
                 f"state_dict expects a torch.nn.Module, got {type(model).__name__}; use "
                 f"save() for other objects"
             )
-        return self._hooks.state_dict(model)
+        return self._hooks.state_dict(unwrap_compiled(model))
 
     def save(self, obj: Any, path: str | os.PathLike[str]) -> None:
         """Write ``obj`` to ``path`` atomically and durably, its tensors on the CPU

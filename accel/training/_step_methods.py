@@ -16,6 +16,7 @@ from accel._core.notes import add_note
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from accel._core.hooks import AcceleratorHooks
     from accel.training.device_loader import DeviceLoader
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["HandleBase", "TrainingStepMethods"]
 
 _Batch = TypeVar("_Batch")
+_Compiled = TypeVar("_Compiled", bound=Callable[..., Any])
 # Optimizer classes already checked: one set lookup per optimizer_step, not an isinstance
 # against a lazily imported torch class.
 _OPTIMIZER_CLASSES: set[type] = set()
@@ -50,16 +52,24 @@ class TrainingStepMethods(HandleBase):
     __slots__ = ()
 
     def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
+        self,
+        optimizer: torch.optim.Optimizer,
+        closure: Callable[[], Any] | None = None,
+        *,
+        scaler: torch.amp.GradScaler | None = None,
     ) -> Any:
         """Step ``optimizer`` as this accelerator needs; return what the step returns.
 
         On XLA this reduces gradients across replicas when several processes train
-        (torch_xla's own reduction), steps, and marks the step, so a loop compiles a
-        bounded number of graphs. Elsewhere it is ``optimizer.step(closure)``.
+        (torch_xla's own reduction; not again for gradients :meth:`clip_grad_norm_`
+        reduced), steps, and marks the step, so a loop compiles a bounded number of
+        graphs. Elsewhere it is ``optimizer.step(closure)``. With ``scaler`` (from
+        :meth:`grad_scaler`) the step is ``scaler.step(optimizer)`` then
+        ``scaler.update()``, inside the same reduction and mark.
 
-        :raises TypeError: ``optimizer`` is not a ``torch.optim.Optimizer``, or
-            ``closure`` is neither ``None`` nor callable.
+        :raises TypeError: ``optimizer`` is not a ``torch.optim.Optimizer``,
+            ``closure`` is neither ``None`` nor callable, or ``scaler`` is no scaler.
+        :raises ValueError: both ``closure`` and an enabled ``scaler``.
         """
         if type(optimizer) not in _OPTIMIZER_CLASSES:
             _check_optimizer(optimizer)
@@ -68,9 +78,13 @@ class TrainingStepMethods(HandleBase):
                 f"optimizer_step(closure=...) expects a callable that re-evaluates the "
                 f"model and returns the loss, or None; got {type(closure).__name__}"
             )
+        if scaler is not None:
+            _check_scaler(scaler, closure)
         if self._hooks.only_fallback("optimizer_step"):
             # No plugin steps differently: skip the hook machinery (a few µs a step).
             try:
+                if scaler is not None:
+                    return _scaled_step(optimizer, scaler, closure)
                 return optimizer.step() if closure is None else optimizer.step(closure)
             except Exception as exc:
                 add_note(
@@ -81,7 +95,7 @@ class TrainingStepMethods(HandleBase):
                 )
                 raise
         try:
-            return self._hooks.optimizer_step(optimizer, closure, self.device)
+            return self._hooks.optimizer_step(optimizer, closure, self.device, scaler)
         except Exception as exc:
             add_note(
                 exc,
@@ -89,6 +103,101 @@ class TrainingStepMethods(HandleBase):
                 f"and optimizer are as the optimizer left them.",
             )
             raise
+
+    def clip_grad_norm_(
+        self,
+        parameters: Iterable[torch.Tensor] | torch.Tensor,
+        max_norm: float,
+        norm_type: float = 2.0,
+    ) -> torch.Tensor:
+        """Scale the gradients of ``parameters`` so their total ``norm_type``-norm is at
+        most ``max_norm``; return the norm before clipping, as a tensor (no host sync).
+
+        Equal to ``torch.nn.utils.clip_grad_norm_`` on one device; with FSDP2's sharded
+        gradients the norm is the whole model's. On XLA with several replicas the
+        gradients are reduced across replicas first (so every replica clips the same,
+        reduced gradients) and :meth:`optimizer_step` does not reduce them again. With a
+        float16 ``scaler``, call ``scaler.unscale_(optimizer)`` first.
+
+        :raises TypeError: ``parameters`` holds something other than tensors, or a norm
+            is not a number.
+        :raises ValueError: ``max_norm`` is negative or NaN, or ``norm_type`` is not
+            positive.
+        """
+        from accel.training.clipping import checked_clip_arguments
+
+        params, maximum, norm = checked_clip_arguments(parameters, max_norm, norm_type)
+        return self._hooks.clip_grad_norm_(params, maximum, norm, self.device)
+
+    def no_sync(self, model: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
+        """A context in which ``backward()`` does not all-reduce ``model``'s gradients:
+        the micro-steps of gradient accumulation. ``enabled=False`` (the last micro-step)
+        changes nothing, so one ``with`` serves every micro-step.
+
+        DDP's ``no_sync()``; FSDP2's ``set_requires_gradient_sync(False)`` (set back to
+        ``True`` on exit); on XLA, where gradients are reduced only in
+        :meth:`clip_grad_norm_` and :meth:`optimizer_step`, and for a plain model,
+        nothing to skip.
+
+        :raises TypeError: ``model`` is not a module, or ``enabled`` not a bool.
+        """
+        from torch import nn
+
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"no_sync expects the model being trained (a torch.nn.Module, e.g. the "
+                f"DistributedDataParallel wrapper), got {type(model).__name__}"
+            )
+        if not isinstance(enabled, bool):
+            raise TypeError(f"no_sync(enabled=...) expects a bool, got {type(enabled).__name__}")
+        return self._hooks.no_sync(model, enabled, self.device)
+
+    def grad_scaler(
+        self, dtype: torch.dtype | str | None = None, **options: Any
+    ) -> torch.amp.GradScaler | None:
+        """A ``torch.amp.GradScaler`` for this device where training in ``dtype`` (by
+        default the accelerator's :meth:`autocast` type) needs loss scaling, float16;
+        ``None`` for bfloat16 and float32. ``options`` go to the scaler
+        (``init_scale=``, ``growth_interval=``, ...). Pass the result to
+        :meth:`optimizer_step` as ``scaler=``; ``None`` there means no scaling, so one
+        loop serves both.
+
+        :raises ValueError: the device cannot autocast to ``dtype``.
+        """
+        import torch
+
+        from accel.training.precision import requested_dtype
+
+        chosen = requested_dtype(dtype)
+        if chosen is None:
+            # The accelerator's default, as its autocast hook chooses it.
+            context = self._hooks.autocast(self.device, None)
+            chosen = getattr(context, "fast_dtype", None)
+        elif chosen is not torch.float32:
+            self._hooks.autocast(self.device, chosen)  # the same refusal as autocast()
+        if chosen is not torch.float16:
+            return None
+        return self._hooks.grad_scaler(self.device, options)
+
+    def compile(self, model: _Compiled, **options: Any) -> _Compiled:
+        """``torch.compile(model, **options)`` with this accelerator's backend (the
+        ``compile_backend`` hook: inductor on the CPU and CUDA, ``openxla`` on TPU);
+        ``backend=`` in ``options`` overrides it. The compiled module shares the
+        model's parameters, so ties stay tied, and :meth:`state_dict` of it has the
+        plain model's keys (no ``_orig_mod.`` prefix).
+
+        :raises TypeError: ``model`` is neither a module nor a callable.
+        """
+        import torch
+
+        if not callable(model):
+            raise TypeError(
+                f"compile expects a torch.nn.Module or a function, got {type(model).__name__}"
+            )
+        backend = options.pop("backend", None)
+        if backend is None:
+            backend = self._hooks.compile_backend(self.device)
+        return torch.compile(model, backend=backend, **options)  # type: ignore[return-value]
 
     def mark_step(self) -> None:
         """End a step: on XLA, cut the pending lazy graph and run it; elsewhere nothing."""
@@ -118,17 +227,33 @@ class TrainingStepMethods(HandleBase):
             )
         self._hooks.manual_seed(seed, self.device)
 
-    def autocast(self, dtype: torch.dtype | None = None) -> AbstractContextManager[Any]:
+    def autocast(
+        self, dtype: torch.dtype | str | None = None, *, enabled: bool = True
+    ) -> AbstractContextManager[Any]:
         """A context manager running its block in mixed precision on this accelerator.
 
         ``dtype`` defaults to the accelerator's preferred low-precision type: bfloat16
         on TPU and CPU, on CUDA bfloat16 where the GPU supports it and float16
-        otherwise, float16 on MPS. Uses ``torch.autocast``.
+        otherwise, float16 on MPS. Uses ``torch.autocast``. A dtype may be given by
+        name (``"bfloat16"``).
+
+        ``enabled=False``, or ``dtype=torch.float32``, runs the block in full
+        precision, also inside an enclosing ``autocast`` block (a loss computed in
+        float32); that needs no plugin, so it asks no hook.
 
         :raises ValueError: the device cannot autocast to ``dtype`` (torch itself would
             only warn and run the block in full precision).
         """
-        return self._hooks.autocast(self.device, dtype)
+        import torch
+
+        from accel.training.precision import full_precision, requested_dtype
+
+        chosen = requested_dtype(dtype)
+        if not isinstance(enabled, bool):
+            raise TypeError(f"autocast(enabled=...) expects a bool, got {type(enabled).__name__}")
+        if not enabled or chosen is torch.float32:
+            return full_precision(self.device)
+        return self._hooks.autocast(self.device, chosen)
 
     def memory_stats(self) -> MemoryStats:
         """This device's memory: ``allocated_bytes``, ``peak_allocated_bytes``,
@@ -171,3 +296,23 @@ def _check_optimizer(optimizer: object) -> None:
             f"optimizer_step expects a torch.optim.Optimizer, got {type(optimizer).__name__}{hint}"
         )
     _OPTIMIZER_CLASSES.add(type(optimizer))
+
+
+def _check_scaler(scaler: object, closure: object) -> None:
+    from accel.training.scaling import checked_scaler
+
+    checked_scaler(scaler, "optimizer_step(scaler=...)")
+    if closure is not None and getattr(scaler, "is_enabled", lambda: True)():
+        raise ValueError(
+            "optimizer_step: a closure cannot be combined with an enabled GradScaler "
+            "(torch's scaler.step() does not support closures); step without the "
+            "closure, or pass scaler=None"
+        )
+
+
+def _scaled_step(
+    optimizer: torch.optim.Optimizer, scaler: Any, closure: Callable[[], Any] | None
+) -> Any:
+    from accel.training.scaling import scaled_step
+
+    return scaled_step(optimizer, scaler, closure)

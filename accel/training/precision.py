@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["autocast_to", "bfloat16_autocast", "checked_autocast_dtype", "torch_autocast"]
+__all__ = [
+    "autocast_to",
+    "bfloat16_autocast",
+    "checked_autocast_dtype",
+    "full_precision",
+    "requested_dtype",
+    "torch_autocast",
+]
 
 
 def autocast_to(
@@ -118,3 +125,52 @@ def torch_autocast(
     for warning in caught:  # anything else torch said still reaches the user
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return context
+
+
+# The short names training configurations use (nanoGPT's, Accelerate's mixed_precision).
+_SHORT_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def requested_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """``dtype`` as a :class:`torch.dtype`: a string names one (``"float32"``,
+    ``"bfloat16"``, or the short ``"fp32"``, ``"bf16"``, ``"fp16"``), so a loop's
+    configuration can hold it as text.
+
+    :raises TypeError: neither a dtype, ``None``, nor the name of a torch dtype.
+    """
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        name = dtype.strip().lower().removeprefix("torch.")
+        named = getattr(torch, _SHORT_NAMES.get(name, name), None)
+        if isinstance(named, torch.dtype):
+            return named
+        raise TypeError(
+            f"autocast(dtype={dtype!r}): torch has no dtype of that name; pass a "
+            f"torch.dtype such as torch.bfloat16, or a name: 'bfloat16' ('bf16'), "
+            f"'float16' ('fp16'), 'float32' ('fp32')"
+        )
+    raise TypeError(
+        f"autocast(dtype=...) expects a torch.dtype such as torch.bfloat16, got "
+        f"{type(dtype).__name__} ({dtype!r})"
+    )
+
+
+def full_precision(device: torch.device) -> AbstractContextManager[Any]:
+    """A block in full precision (float32) on ``device``, also inside an enclosing
+    ``autocast`` block: ``torch.autocast(enabled=False)`` for the device's type.
+
+    A device type torch cannot autocast at all (a third-party backend without AMP
+    support, ``meta``) computes in full precision anyway: a context that does nothing.
+    """
+    import torch
+
+    with warnings.catch_warnings():
+        # torch warns about a device type it cannot autocast even when told not to.
+        warnings.simplefilter("ignore")
+        try:
+            return torch.autocast(device_type=device.type, enabled=False)
+        except (RuntimeError, AssertionError):
+            return nullcontext()

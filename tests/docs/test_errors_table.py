@@ -383,6 +383,94 @@ def _env_autoload_bad_value(mp: pytest.MonkeyPatch) -> object:
 # Arguments -----------------------------------------------------------------------
 
 
+def _stepping() -> tuple[accel.Accelerator, nn.Module, torch.optim.Optimizer]:
+    model = nn.Linear(2, 2)
+    return (
+        isolated_registry().get_accelerator("cpu"),
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+    )
+
+
+@case("step-autocast-float32", None)
+def _step_autocast_float32(monkeypatch: pytest.MonkeyPatch) -> object:
+    cpu, model, _ = _stepping()
+    full = (cpu.autocast(torch.float32), cpu.autocast("fp32"), cpu.autocast(enabled=False))
+    for context in full:
+        with cpu.autocast(), context:
+            assert model(torch.ones(1, 2)).dtype == torch.float32
+    return None
+
+
+@case("step-autocast-dtype-name", TypeError)
+def _step_autocast_dtype_name(monkeypatch: pytest.MonkeyPatch) -> object:
+    return _stepping()[0].autocast("float8")
+
+
+@case("step-clip-model", TypeError)
+def _step_clip_model(monkeypatch: pytest.MonkeyPatch) -> object:
+    cpu, model, _ = _stepping()
+    return cpu.clip_grad_norm_(model, max_norm=1.0)  # type: ignore[arg-type]
+
+
+@case("step-clip-negative", ValueError)
+def _step_clip_negative(monkeypatch: pytest.MonkeyPatch) -> object:
+    cpu, model, _ = _stepping()
+    return cpu.clip_grad_norm_(model.parameters(), max_norm=-1.0)
+
+
+@case("step-clip-norm-type", ValueError)
+def _step_clip_norm_type(monkeypatch: pytest.MonkeyPatch) -> object:
+    cpu, model, _ = _stepping()
+    return cpu.clip_grad_norm_(model.parameters(), 1.0, norm_type=0)
+
+
+@case("step-no-sync-optimizer", TypeError)
+def _step_no_sync_optimizer(monkeypatch: pytest.MonkeyPatch) -> object:
+    cpu, _, optimizer = _stepping()
+    return cpu.no_sync(optimizer)  # type: ignore[arg-type]
+
+
+@case("step-scaler-junk", TypeError)
+def _step_scaler_junk(monkeypatch: pytest.MonkeyPatch) -> object:
+    cpu, _, optimizer = _stepping()
+    return cpu.optimizer_step(optimizer, scaler=True)  # type: ignore[arg-type]
+
+
+@case("step-scaler-closure", ValueError)
+def _step_scaler_closure(monkeypatch: pytest.MonkeyPatch) -> object:
+    cpu, _, optimizer = _stepping()
+    return cpu.optimizer_step(optimizer, lambda: 0.0, scaler=torch.amp.GradScaler("cpu"))
+
+
+@case("step-scaler-dtype", ValueError)
+def _step_scaler_dtype(monkeypatch: pytest.MonkeyPatch) -> object:
+    return _stepping()[0].grad_scaler(torch.float64)
+
+
+@case("step-compile-junk", TypeError)
+def _step_compile_junk(monkeypatch: pytest.MonkeyPatch) -> object:
+    return _stepping()[0].compile("model")  # type: ignore[type-var]
+
+
+@case("plugin-compile-backend-int", accel.PluginError)
+def _plugin_compile_backend_int(monkeypatch: pytest.MonkeyPatch) -> object:
+    acc = isolated_registry(_plugin(compile_backend=lambda self: 3)).get_accelerator("npu")
+    return acc.compile(nn.Linear(1, 1))
+
+
+@case("plugin-clip-float", accel.PluginError)
+def _plugin_clip_float(monkeypatch: pytest.MonkeyPatch) -> object:
+    acc = isolated_registry(_plugin(clip_grad_norm_=lambda self: 1.5)).get_accelerator("npu")
+    return acc.clip_grad_norm_(nn.Linear(1, 1).parameters(), 1.0)
+
+
+@case("plugin-grad-scaler-junk", accel.PluginError)
+def _plugin_grad_scaler_junk(monkeypatch: pytest.MonkeyPatch) -> object:
+    acc = isolated_registry(_plugin(grad_scaler=lambda self: "scaler")).get_accelerator("npu")
+    return acc.grad_scaler(torch.float16)
+
+
 @case("arg-tie-check", ValueError)
 def _arg_tie_check(mp: pytest.MonkeyPatch) -> object:
     acc = isolated_registry().get_accelerator("cpu")

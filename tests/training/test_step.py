@@ -217,7 +217,7 @@ def test_cpu_autocast_defaults_to_bfloat16_and_accepts_float16() -> None:
             "cannot autocast to torch.float64; it supports: torch.bfloat16, torch.float16",
         ),
         (torch.int8, ValueError, "cannot autocast to torch.int8"),
-        ("bfloat16", TypeError, "expects a torch.dtype"),
+        (b"bfloat16", TypeError, "expects a torch.dtype"),
     ],
 )
 def test_cpu_autocast_refuses_what_the_cpu_cannot_do(dtype: Any, error: type, match: str) -> None:
