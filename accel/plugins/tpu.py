@@ -26,7 +26,8 @@ import warnings
 from typing import TYPE_CHECKING, Final
 
 from accel._core.walk import each_module
-from accel.errors import WeightTyingError
+# TyingWarning is re-exported: it was first documented as accel.plugins.tpu.TyingWarning.
+from accel.errors import TyingWarning, WeightTyingError
 from accel.markers import hookimpl
 from accel.plugins import _xla_versions
 from accel.plugins._xla_training import XlaTrainingHooks
@@ -45,11 +46,6 @@ _NOTES_KEY: Final = "accel.tpu.tying"
 #: Device types whose tensors cannot take over another device's storage in place:
 #: a move starting or ending on one gives every slot a Parameter of its own.
 UNTYING_DEVICE_TYPES: Final = frozenset({"xla", "meta"})
-
-
-class TyingWarning(UserWarning):
-    """A move would have changed which tensors are tied and ``tie_check="warn"`` was
-    chosen: the model keeps the ties it had before the move."""
 
 
 def tpu_hardware_present() -> bool:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import accel
-from accel.plugins.tpu import TyingWarning
+from accel import TyingWarning
 from accel.tying import count_unique_parameters, find_tied_parameters
 from helpers.fakes import CpuTpuPlugin
 from helpers.models import (

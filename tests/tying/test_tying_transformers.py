@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import accel
-from accel.plugins.tpu import TyingWarning
+from accel import TyingWarning
 from accel.tying import count_unique_parameters, find_tied_parameters
 
 pytestmark = pytest.mark.xla
