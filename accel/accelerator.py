@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import threading
+import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
@@ -135,6 +138,12 @@ class Accelerator(CheckpointMethods):
                 f"use batch_to_device for tensors and containers of tensors"
             )
         optimizers = _as_optimizer_list(optimizer)
+        # One move of a model at a time: a second thread's snapshot would see the
+        # slots the first one emptied for its move. Moves of other models go on.
+        with _move_lock(model):
+            return self._move(model, optimizers)
+
+    def _move(self, model: _Model, optimizers: list[torch.optim.Optimizer]) -> _Model:
         restore_point = RestorePoint(model)
         context = MoveContext(self.name, self.device, self._tie_check)
         try:
@@ -165,6 +174,40 @@ class Accelerator(CheckpointMethods):
             # a call, which adds up over a training loop's small batches).
             return move_batch(batch, self.device)
         return self._hooks.batch_to_device(batch, self.device)
+
+
+# id(model) -> (a weak reference to it, its move lock). Kept here rather than as an
+# attribute of the model, which would break copy.deepcopy and pickling of the model
+# (locks are neither copyable nor picklable). Keyed by id rather than by the model
+# (a WeakKeyDictionary) so that a model with its own __eq__/__hash__ works too; the
+# weak reference's callback drops the entry before the id can be reused.
+_MOVE_LOCKS: dict[int, tuple[weakref.ref[nn.Module], threading.RLock]] = {}
+_MOVE_LOCKS_GUARD = threading.Lock()
+
+
+def _move_lock(model: nn.Module) -> threading.RLock:
+    """The lock that serialises moves of ``model``, created on its first move.
+
+    Re-entrant: a hook may move the same model again from the same thread.
+    """
+    key = id(model)
+    entry = _MOVE_LOCKS.get(key)
+    if entry is not None and entry[0]() is model:
+        return entry[1]
+    with _MOVE_LOCKS_GUARD:
+        entry = _MOVE_LOCKS.get(key)
+        if entry is None or entry[0]() is not model:
+            reference = weakref.ref(model, functools.partial(_forget_lock, key))
+            entry = (reference, threading.RLock())
+            _MOVE_LOCKS[key] = entry
+        return entry[1]
+
+
+def _forget_lock(key: int, reference: weakref.ref[nn.Module]) -> None:
+    with _MOVE_LOCKS_GUARD:
+        entry = _MOVE_LOCKS.get(key)
+        if entry is not None and entry[0] is reference:
+            del _MOVE_LOCKS[key]
 
 
 def _mp_model_wrapper_parts(obj: object) -> tuple[nn.Module, Any] | None:
