@@ -145,6 +145,10 @@ class Accelerator(CheckpointMethods):
 
     def _move(self, model: _Model, optimizers: list[torch.optim.Optimizer]) -> _Model:
         restore_point = RestorePoint(model)
+        if optimizers:
+            from accel._core.optimizers import check_optimizers_hold
+
+            check_optimizers_hold(optimizers, model, restore_point.parameter_ids())
         context = MoveContext(self.name, self.device, self._tie_check)
         try:
             self._hooks.pre_move_hook(model, self.device, context)

@@ -103,6 +103,10 @@ class RestorePoint:
                 )
         self._parameters = list(states.values())
 
+    def parameter_ids(self) -> set[int]:
+        """``id`` of every distinct Parameter of the model when it was captured."""
+        return {id(state.parameter) for state in self._parameters}
+
     def moved_parameters(self) -> dict[int, nn.Parameter]:
         """Map ``id(parameter before the move)`` to the Parameter now in its slot.
 

@@ -26,6 +26,7 @@ import warnings
 from typing import TYPE_CHECKING, Final
 
 from accel._core.walk import each_module
+
 # TyingWarning is re-exported: it was first documented as accel.plugins.tpu.TyingWarning.
 from accel.errors import TyingWarning, WeightTyingError
 from accel.markers import hookimpl

@@ -431,6 +431,15 @@ def _arg_optimizer_list_of_junk(mp: pytest.MonkeyPatch) -> object:
     return acc.model_to_device(model, optimizer=[optimizer, "sgd"])  # type: ignore[list-item]
 
 
+@case("arg-optimizer-not-of-the-model", ValueError)
+def _arg_optimizer_not_of_the_model(mp: pytest.MonkeyPatch) -> object:
+    acc = _registry(MetaTpuPlugin(), builtins=False).get_accelerator("tpu")
+    model = TiedLM()
+    stale = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc.model_to_device(model)  # replaces every parameter; the optimizer was not passed
+    return acc.model_to_device(model, optimizer=stale)
+
+
 # Batches -------------------------------------------------------------------------
 
 
