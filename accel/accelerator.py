@@ -153,18 +153,14 @@ class Accelerator(CheckpointMethods):
         try:
             self._hooks.pre_move_hook(model, self.device, context)
             moved = self._hooks.model_to_device(model, self.device, context)
+            restore_point.mark_moved()
             self._hooks.post_move_hook(moved, self.device, context)
             if optimizers:
                 from accel._core.optimizers import retarget_optimizers
 
                 retarget_optimizers(optimizers, restore_point, self.device)
         except BaseException as exc:
-            restore_point.restore()
-            add_note(
-                exc,
-                f"accel: moving the model to {self.device} failed; the model was "
-                "restored as it was before the move.",
-            )
+            add_note(exc, _restored_note(self.device, restore_point.restore()))
             raise
         return moved  # type: ignore[return-value]
 
@@ -178,6 +174,33 @@ class Accelerator(CheckpointMethods):
             # a call, which adds up over a training loop's small batches).
             return move_batch(batch, self.device)
         return self._hooks.batch_to_device(batch, self.device)
+
+
+#: What a restore puts back, for the note on a failed move.
+_RESTORED = (
+    "every parameter, buffer and submodule slot, the parameters' data, gradients and "
+    "requires_grad, and every module's training mode"
+)
+# Tensors named in full in the note; a longer list is cut.
+_UNRESTORED_SHOWN = 10
+
+
+def _restored_note(device: torch.device, unrestored: list[str]) -> str:
+    """The note on a failed move: what was restored and, exactly, what was not."""
+    if not unrestored:
+        return (
+            f"accel: moving the model to {device} failed; the model was restored as it was "
+            f"before the move ({_RESTORED}; no tensor was changed in place)."
+        )
+    shown = ", ".join(unrestored[:_UNRESTORED_SHOWN])
+    if len(unrestored) > _UNRESTORED_SHOWN:
+        shown += f" and {len(unrestored) - _UNRESTORED_SHOWN} more"
+    return (
+        f"accel: moving the model to {device} failed; accel restored {_RESTORED}, but "
+        f"{len(unrestored)} tensor{'s were' if len(unrestored) != 1 else ' was'} changed in "
+        f"place during the move and keep{'' if len(unrestored) != 1 else 's'} the new values "
+        f"(accel keeps no copies of values): {shown}."
+    )
 
 
 # id(model) -> (a weak reference to it, its move lock). Kept here rather than as an

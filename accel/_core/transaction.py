@@ -2,8 +2,18 @@
 
 A :class:`RestorePoint` keeps *references* to everything a move can change (the
 objects in every parameter, buffer and submodule slot, each parameter's data,
-gradient and ``requires_grad``), never copies of tensors, so it costs a few
-dictionaries however large the model is.
+gradient and ``requires_grad``, every module's training flag), never copies of
+tensors, so it costs a few dictionaries however large the model is.
+
+Values changed in place (a hook rescaling a weight, a forward pass updating
+BatchNorm statistics) cannot be put back without a copy, and copying every tensor
+before every move would double the model's memory. Instead each tensor's version
+counter (``tensor._version``, bumped by in-place operations) is read before the
+move, and :meth:`RestorePoint.restore` names the tensors whose values changed,
+so the note on a failed move says exactly what was and was not restored. (torch's
+batch-norm kernels write running statistics without bumping their counters; those
+are inferred from the layer's ``num_batches_tracked``. A custom kernel that writes
+in place without bumping the counter stays invisible.)
 """
 
 from __future__ import annotations
@@ -80,13 +90,64 @@ class _ParameterState:
     grad_data: torch.Tensor | None
 
 
+class _VersionWatch:
+    """One tensor's in-place edits, read from its version counter.
+
+    ``alias`` is a ``detach()`` of the tensor taken before the move: it shares the
+    original storage's version counter even after torch's swap mode has given the
+    tensor object another implementation. After an in-place move (``param.data =
+    moved``, CPU <-> CUDA) the counter is shared with the moved data too, so edits
+    after the move are told apart by :meth:`mark_moved`.
+    """
+
+    __slots__ = ("alias", "moved", "tensor", "version", "version_at_move")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.alias = tensor.detach()
+        self.version: int = self.alias._version
+        #: Whether the move had given the tensor other storage (read by mark_moved).
+        self.moved = False
+        self.version_at_move: int | None = None
+
+    def mark_moved(self) -> None:
+        self.moved = not _same_storage(self.tensor, self.alias)
+        self.version_at_move = self.alias._version
+
+    def changed(self) -> bool:
+        """Whether the values the restore puts back were changed in place.
+
+        Conservative where it cannot tell: a move that failed half-way through an
+        in-place move counts every edit of the shared counter.
+        """
+        if self.moved and self.version_at_move is not None:
+            return self.version_at_move != self.version  # later edits hit the moved data
+        return self.alias._version != self.version
+
+
+def _watch(tensor: torch.Tensor | None, watches: dict[int, _VersionWatch]) -> None:
+    if tensor is None or id(tensor) in watches or tensor.is_inference():
+        return  # inference tensors have no version counter (nor can they change outside it)
+    watches[id(tensor)] = _VersionWatch(tensor)
+
+
 class RestorePoint:
     """What a model looked like before a move; :meth:`restore` puts it back."""
 
-    __slots__ = ("_parameters", "_slots")
+    __slots__ = ("_model", "_parameters", "_slots", "_training", "_watches")
 
     def __init__(self, model: nn.Module) -> None:
+        self._model = model
         self._slots = SlotContents(model)
+        self._training = [(module, module.training) for module, _, _, _ in self._slots.modules()]
+        watches: dict[int, _VersionWatch] = {}
+        for _, parameters, buffers, _ in self._slots.modules():
+            for parameter in parameters.values():
+                _watch(parameter, watches)
+                _watch(None if parameter is None else parameter.grad, watches)
+            for buffer in buffers.values():
+                _watch(buffer, watches)
+        self._watches = list(watches.values())
         states: dict[int, _ParameterState] = {}
         for _, parameters, _, _ in self._slots.modules():
             for parameter in parameters.values():
@@ -121,10 +182,24 @@ class RestorePoint:
                     moved[id(before)] = after
         return moved
 
-    def restore(self) -> None:
-        """Put every slot, parameter storage and gradient back as captured."""
+    def mark_moved(self) -> None:
+        """Call once the move itself is done: in-place edits after this point touch
+        the moved tensors, not the values a restore puts back."""
+        for watch in self._watches:
+            watch.mark_moved()
+
+    def restore(self) -> list[str]:
+        """Put every slot, parameter storage, gradient and training flag back as
+        captured; return the qualified names of the tensors whose values were
+        changed in place since, which a restore cannot put back (empty if none).
+        """
         import torch
 
+        changed = {id(watch.tensor) for watch in self._watches if watch.changed()}
+        if changed:
+            _add_running_statistics(self._slots, changed)
+        for module, training in self._training:
+            module.training = training  # the flag only: train()/eval() may be overridden
         self._slots.restore()
         with torch.no_grad():
             for state in self._parameters:
@@ -136,6 +211,37 @@ class RestorePoint:
                     _put_back(state.grad, state.grad_data, _as_plain_tensor)
                 parameter.grad = state.grad
                 parameter.requires_grad_(state.requires_grad)
+        return _names_of(self._model, changed) if changed else []
+
+
+def _add_running_statistics(slots: SlotContents, changed: set[int]) -> None:
+    """Count a norm layer's running statistics as changed when its batch counter is.
+
+    torch's batch-norm kernels update ``running_mean`` and ``running_var`` in place
+    without bumping their version counters; the forward pass that does so also adds
+    one to ``num_batches_tracked`` (an ordinary ``add_``, which is counted).
+    """
+    for _, _, buffers, _ in slots.modules():
+        counter = buffers.get("num_batches_tracked")
+        if counter is not None and id(counter) in changed:
+            for name in ("running_mean", "running_var"):
+                statistic = buffers.get(name)
+                if statistic is not None:
+                    changed.add(id(statistic))
+
+
+def _names_of(model: nn.Module, tensor_ids: set[int]) -> list[str]:
+    """The qualified names of the tensors in ``tensor_ids`` (a gradient as ``NAME.grad``),
+    each tensor once, in the model's order."""
+    names: dict[int, str] = {}
+    for name, parameter in model.named_parameters():
+        for tensor, qualified in ((parameter, name), (parameter.grad, f"{name}.grad")):
+            if tensor is not None and id(tensor) in tensor_ids:
+                names.setdefault(id(tensor), qualified)
+    for name, buffer in model.named_buffers():
+        if id(buffer) in tensor_ids:
+            names.setdefault(id(buffer), name)
+    return list(names.values())
 
 
 def _put_back(
@@ -169,4 +275,12 @@ def _as_plain_tensor(data: torch.Tensor) -> torch.Tensor:
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.device == b.device and a.dtype == b.dtype and a.data_ptr() == b.data_ptr()
+    import torch
+
+    # data_ptr() alone is not enough: it is 0 for every XLA and meta tensor.
+    return (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.data_ptr() == b.data_ptr()
+        and torch._C._is_alias_of(a, b)  # type: ignore[attr-defined]  # not in torch stubs
+    )
