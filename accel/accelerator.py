@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
 from accel._core.notes import add_note
+from accel._core.tie_keeping import begin_kept_move, finish_kept_move
 from accel._core.transaction import RestorePoint
 from accel.training._checkpoint_methods import CheckpointMethods
 from accel.training.batch import move_batch
@@ -150,10 +151,16 @@ class Accelerator(CheckpointMethods):
 
             check_optimizers_hold(optimizers, model, restore_point.parameter_ids())
         context = MoveContext(self.name, self.device, self._tie_check)
+        # Declared by the plugin: moves to this device untie, so accel keeps the ties.
+        keeps_ties = self.spec.unties_weights
         try:
             self._hooks.pre_move_hook(model, self.device, context)
+            if keeps_ties:  # after every pre_move_hook: each saw the model whole
+                begin_kept_move(model, context)
             moved = self._hooks.model_to_device(model, self.device, context)
             restore_point.mark_moved()
+            if keeps_ties:  # before every post_move_hook: each sees it re-tied
+                finish_kept_move(moved, self.device, context, stacklevel=4)
             self._hooks.post_move_hook(moved, self.device, context)
             if optimizers:
                 from accel._core.optimizers import retarget_optimizers
