@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import accel
-from helpers.fakes import FakeAccelerator, MetaTpuPlugin, MoveRecorder
 from accel.tying import count_unique_parameters
+from helpers.fakes import FakeAccelerator, MetaTpuPlugin, MoveRecorder
 from helpers.models import TiedLM
 
 THREADS = 16
@@ -336,7 +336,7 @@ def one_model_from_many_threads(acc: accel.Accelerator) -> tuple[list[str], int]
     deadline = time.monotonic() + STRESS_SECONDS
     while rounds < STRESS_ROUNDS and time.monotonic() < deadline:
         model = TiedLM(vocab=6, width=4)
-        errors = _run_threads([lambda: acc.model_to_device(model)] * THREADS)
+        errors = _run_threads([lambda m=model: acc.model_to_device(m)] * THREADS)
         damage = _tie_damage(model, acc.device)
         if errors or damage:
             raised = [error.strip().splitlines()[-1] for error in errors]

@@ -542,7 +542,7 @@ def test_an_optimizer_built_before_an_earlier_move_is_refused(
     meta_tpu.model_to_device(model)  # the optimizer was not passed: its parameters are gone
     params = list(model.parameters())
 
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match="holds none of the parameters") as info:
         meta_tpu.model_to_device(model, optimizer=stale)
 
     message = str(info.value)
@@ -562,7 +562,7 @@ def test_several_optimizers_holding_none_are_each_named(
     model = TiedLM()
     other = nn.Linear(2, 2)
     wrong = [torch.optim.SGD(other.parameters(), lr=0.1), torch.optim.Adam([other.weight])]
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match="holds none of the parameters") as info:
         registry.get_accelerator("cpu").model_to_device(model, optimizer=wrong)
     assert (
         "optimizer 0 (SGD) holds 2 parameters (shapes (2, 2), (2,); on cpu); "
