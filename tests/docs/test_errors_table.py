@@ -689,6 +689,11 @@ def _spec_priority(mp: pytest.MonkeyPatch) -> object:
     return accel.AcceleratorSpec("npu", priority="high")  # type: ignore[arg-type]
 
 
+@case("spec-unties-weights-not-bool", TypeError)
+def _spec_unties_weights_not_bool(mp: pytest.MonkeyPatch) -> object:
+    return accel.AcceleratorSpec("npu", unties_weights="yes")  # type: ignore[arg-type]
+
+
 @case("spec-availability-not-bool", TypeError)
 def _spec_availability_not_bool(mp: pytest.MonkeyPatch) -> object:
     return accel.Availability(available="yes")  # type: ignore[arg-type]
