@@ -98,6 +98,9 @@ MORE_BUILDERS: dict[str, Callable[..., nn.Module]] = {
     ),
 }
 FAMILIES = {**BUILDERS, **MORE_BUILDERS}
+#: Loaded untied despite tie_word_embeddings=True. Not T5: transformers 5 ties its
+#: head to the embedding on load (the saved head is dropped), so no move sees it untied.
+STAYS_UNTIED = sorted(set(FAMILIES) - {"t5"})
 _EMBEDDINGS = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 TIED_GROUPS = {
     "gpt2": [("transformer.wte.weight", "lm_head.weight")],
@@ -181,7 +184,7 @@ def test_a_tied_model_keeps_every_tie_and_value_there_and_back(
     torch.testing.assert_close(_logits(model), reference)
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", STAYS_UNTIED)
 def test_an_untied_checkpoint_with_a_tying_config_moves_untied_with_a_warning(
     name: str, tmp_path: Path, tpu: accel.Accelerator, cpu: accel.Accelerator
 ) -> None:
@@ -191,9 +194,10 @@ def test_an_untied_checkpoint_with_a_tying_config_moves_untied_with_a_warning(
     reference = _logits(model)
     embedding, output = _embedding_names(model)
 
-    # A bare .to() moves it correctly (untied stays untied): accel must not do worse.
+    # A bare .to() keeps the head untied (though it unties BERT's bias tie): accel must
+    # not do worse.
     bare = copy.deepcopy(model).to(tpu.device)
-    assert count_unique_parameters(bare) == count
+    assert bare.get_output_embeddings().weight is not bare.get_input_embeddings().weight  # type: ignore[operator]
 
     # The default tie_check="error": accel undid the tie tie_weights() made, so the
     # model is exactly as it was, and it moves, with a warning, as transformers gives.
