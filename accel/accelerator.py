@@ -68,9 +68,12 @@ class Accelerator(CheckpointMethods):
         """What a move does when tied weights came apart.
 
         ``"error"`` (default) raises :class:`accel.WeightTyingError` and restores the
-        model; ``"warn"`` warns and keeps the moved model with the ties and values it
-        had before the move; ``"off"`` does the same silently. Only moves that can untie
-        weights (to or from XLA, to ``meta``, torch's overwrite mode) check at all.
+        model; ``"warn"`` warns (:class:`accel.TyingWarning`) and keeps the moved model
+        with the ties and values it had before the move; ``"off"`` does the same
+        silently. Ties the model's ``tie_weights()`` would add, which accel undoes, warn
+        under ``"error"`` too. Only moves that can untie weights check at all: to an
+        accelerator that declares ``unties_weights`` (``tpu``), and, with the built-in
+        plugins registered, to or from XLA, to ``meta`` and in torch's overwrite mode.
         """
         return self._tie_check
 
@@ -114,10 +117,16 @@ class Accelerator(CheckpointMethods):
     ) -> _Model:
         """Move ``model`` to :attr:`device` through the plugins' hooks and return it.
 
-        Runs ``pre_move_hook``, ``model_to_device`` and ``post_move_hook`` (the TPU
-        plugin re-ties and validates tied weights there). If any step fails, the
-        model is restored exactly as it was (same objects, devices, values, ties and
-        gradients) and the exception is re-raised with a note saying so.
+        Runs ``pre_move_hook``, ``model_to_device`` and ``post_move_hook``; for an
+        accelerator that declares ``unties_weights`` (``tpu``) the ties are remembered
+        after the pre hooks and re-tied and validated before the post hooks. If any
+        step fails, the model is restored (same objects in every slot, devices,
+        storage, ties, gradients, ``requires_grad`` and training mode) and the
+        exception is re-raised with a note saying so; tensors a hook changed in place
+        cannot be restored without copies, and the note names each of them.
+
+        Moves of one model from several threads run one at a time; moves of
+        different models run concurrently.
 
         A torch_xla ``MpModelWrapper`` (used when processes are forked) is accepted
         too: its wrapped model moves under the wrapper's lock, as the wrapper's own
@@ -125,6 +134,7 @@ class Accelerator(CheckpointMethods):
 
         :param optimizer: optimizer(s) built on the model's parameters; their
             parameter groups and state are remapped to the moved parameters.
+        :raises ValueError: none of the optimizers holds any of the model's parameters.
         """
         from torch import nn
 
