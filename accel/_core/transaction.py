@@ -91,44 +91,75 @@ class _ParameterState:
 
 
 class _VersionWatch:
-    """One tensor's in-place edits, read from its version counter.
+    """In-place edits of a model's tensors, read from their version counters.
 
-    ``alias`` is a ``detach()`` of the tensor taken before the move: it shares the
-    original storage's version counter even after torch's swap mode has given the
-    tensor object another implementation. After an in-place move (``param.data =
-    moved``, CPU <-> CUDA) the counter is shared with the moved data too, so edits
-    after the move are told apart by :meth:`mark_moved`.
+    Plain lists, not an object per tensor: it runs on every move. A swap (torch's
+    swap mode, and always for wrapper subclasses) gives the tensor object another
+    implementation with a counter of its own, so for those the original counter is
+    read through a ``detach()`` taken before the move, which shares it. After an
+    in-place move (``param.data = moved``, CPU <-> CUDA) the counter is shared with
+    the moved data too, so edits after the move are told apart by :meth:`mark_moved`.
     """
 
-    __slots__ = ("alias", "moved", "tensor", "version", "version_at_move")
+    __slots__ = ("_aliases", "_moved", "_pointers", "_tensors", "_versions", "_versions_at_move")
 
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-        self.alias = tensor.detach()
-        self.version: int = self.alias._version
-        #: Whether the move had given the tensor other storage (read by mark_moved).
-        self.moved = False
-        self.version_at_move: int | None = None
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        import torch
+
+        swapping = torch.__future__.get_swap_module_params_on_conversion()
+        plain = _plain_types()
+        self._tensors = tensors
+        # A plain tensor is its own alias: its counter stays its own across moves.
+        self._aliases = [t.detach() if swapping or type(t) not in plain else t for t in tensors]
+        self._versions = [alias._version for alias in self._aliases]
+        self._pointers = [_pointer(t, plain) for t in tensors]
+        self._moved: list[bool] | None = None
+        self._versions_at_move: list[int] = []
 
     def mark_moved(self) -> None:
-        self.moved = not _same_storage(self.tensor, self.alias)
-        self.version_at_move = self.alias._version
+        """Note which tensors the move gave other storage, and their counters then."""
+        import torch
 
-    def changed(self) -> bool:
-        """Whether the values the restore puts back were changed in place.
+        plain = _plain_types()
+        self._moved = [
+            _pointer(t, plain) != pointer if alias is t else not torch._C._is_alias_of(t, alias)  # type: ignore[attr-defined]
+            for t, alias, pointer in zip(self._tensors, self._aliases, self._pointers, strict=True)
+        ]
+        self._versions_at_move = [alias._version for alias in self._aliases]
+
+    def changed(self) -> list[torch.Tensor]:
+        """The tensors whose values, as the restore puts them back, were changed in place.
 
         Conservative where it cannot tell: a move that failed half-way through an
-        in-place move counts every edit of the shared counter.
+        in-place move counts every edit of the shared counter, and so does an
+        in-place move between two XLA (or ``meta``) devices, whose data pointers are 0.
         """
-        if self.moved and self.version_at_move is not None:
-            return self.version_at_move != self.version  # later edits hit the moved data
-        return self.alias._version != self.version
+        moved = self._moved or [False] * len(self._tensors)
+        return [
+            tensor
+            for tensor, alias, version, was_moved, at_move in zip(
+                self._tensors,
+                self._aliases,
+                self._versions,
+                moved,
+                self._versions_at_move or self._versions,
+                strict=True,
+            )
+            # Moved in place: later edits hit the moved data, which the restore drops.
+            if (at_move if was_moved else alias._version) != version
+        ]
 
 
-def _watch(tensor: torch.Tensor | None, watches: dict[int, _VersionWatch]) -> None:
-    if tensor is None or id(tensor) in watches or tensor.is_inference():
-        return  # inference tensors have no version counter (nor can they change outside it)
-    watches[id(tensor)] = _VersionWatch(tensor)
+def _pointer(tensor: torch.Tensor, plain: tuple[type, ...]) -> int:
+    # Wrapper subclasses may have no storage to point at; they are compared by alias.
+    return tensor.data_ptr() if type(tensor) in plain else 0
+
+
+@functools.cache
+def _plain_types() -> tuple[type, ...]:
+    import torch
+
+    return (torch.Tensor, torch.nn.Parameter)
 
 
 class RestorePoint:
@@ -140,20 +171,13 @@ class RestorePoint:
         self._model = model
         self._slots = SlotContents(model)
         self._training = [(module, module.training) for module, _, _, _ in self._slots.modules()]
-        watches: dict[int, _VersionWatch] = {}
-        for _, parameters, buffers, _ in self._slots.modules():
-            for parameter in parameters.values():
-                _watch(parameter, watches)
-                _watch(None if parameter is None else parameter.grad, watches)
-            for buffer in buffers.values():
-                _watch(buffer, watches)
-        self._watches = list(watches.values())
         states: dict[int, _ParameterState] = {}
-        for _, parameters, _, _ in self._slots.modules():
-            for parameter in parameters.values():
+        buffers: dict[int, torch.Tensor] = {}
+        for _, module_parameters, module_buffers, _ in self._slots.modules():
+            for parameter in module_parameters.values():
                 if parameter is None or id(parameter) in states:
                     continue
-                grad = parameter.grad
+                grad = parameter.grad  # read once: a property, not free on a Parameter
                 states[id(parameter)] = _ParameterState(
                     parameter,  # type: ignore[arg-type]
                     # .data is a new alias of the same storage: a reference, not a copy.
@@ -162,7 +186,15 @@ class RestorePoint:
                     grad,
                     None if grad is None else grad.data,
                 )
+            for buffer in module_buffers.values():
+                if buffer is not None:
+                    buffers[id(buffer)] = buffer
         self._parameters = list(states.values())
+        watched: list[torch.Tensor] = [state.parameter for state in self._parameters]
+        watched += [state.grad for state in self._parameters if state.grad is not None]
+        watched += [buffer for key, buffer in buffers.items() if key not in states]
+        # Inference tensors have no version counter (nor can they change outside it).
+        self._watches = _VersionWatch([t for t in watched if not t.is_inference()])
 
     def parameter_ids(self) -> set[int]:
         """``id`` of every distinct Parameter of the model when it was captured."""
@@ -185,8 +217,7 @@ class RestorePoint:
     def mark_moved(self) -> None:
         """Call once the move itself is done: in-place edits after this point touch
         the moved tensors, not the values a restore puts back."""
-        for watch in self._watches:
-            watch.mark_moved()
+        self._watches.mark_moved()
 
     def restore(self) -> list[str]:
         """Put every slot, parameter storage, gradient and training flag back as
@@ -195,7 +226,7 @@ class RestorePoint:
         """
         import torch
 
-        changed = {id(watch.tensor) for watch in self._watches if watch.changed()}
+        changed = {id(tensor) for tensor in self._watches.changed()}
         if changed:
             _add_running_statistics(self._slots, changed)
         for module, training in self._training:

@@ -203,3 +203,21 @@ def test_edits_of_data_moved_in_place_are_not_blamed_on_the_original() -> None:
     assert model.linear.weight is weight and weight.dtype == torch.float32
     assert all(torch.equal(v, before[n]) for n, v in model.state_dict().items())
     assert "the model was restored as it was before the move" in note
+
+
+@pytest.mark.parametrize("when", ["pre", "post"])
+def test_in_swap_mode_only_edits_of_the_originals_are_named(when: str) -> None:
+    # torch's swap mode gives each Parameter object the moved implementation (with a
+    # version counter of its own); the restore swaps the originals back.
+    model = WithNorm()
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        note = _failed_move(_meta(ChangesThenRaises(when, _rescale)), model)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)
+    assert model.linear.weight.device.type == "cpu"
+    if when == "pre":
+        assert note.endswith("(accel keeps no copies of values): linear.weight.")
+    else:  # the moved copy was rescaled, and dropped
+        assert "the model was restored as it was before the move" in note
