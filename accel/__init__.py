@@ -22,6 +22,7 @@ from accel.errors import (
     AcceleratorUnavailableError,
     PluginError,
     PluginWarning,
+    TyingWarning,
     WeightTyingError,
 )
 
@@ -54,6 +55,7 @@ __all__ = [
     "PluginFailure",
     "PluginWarning",
     "TieCheck",
+    "TyingWarning",
     "WeightTyingError",
     "__version__",
     "default_registry",

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import threading
+import weakref
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
 from accel._core.notes import add_note
+from accel._core.tie_keeping import begin_kept_move, finish_kept_move
 from accel._core.transaction import RestorePoint
 from accel.training._checkpoint_methods import CheckpointMethods
 from accel.training.batch import move_batch
@@ -64,9 +68,12 @@ class Accelerator(CheckpointMethods):
         """What a move does when tied weights came apart.
 
         ``"error"`` (default) raises :class:`accel.WeightTyingError` and restores the
-        model; ``"warn"`` warns and keeps the moved model with the ties and values it
-        had before the move; ``"off"`` does the same silently. Only moves that can untie
-        weights (to or from XLA, to ``meta``, torch's overwrite mode) check at all.
+        model; ``"warn"`` warns (:class:`accel.TyingWarning`) and keeps the moved model
+        with the ties and values it had before the move; ``"off"`` does the same
+        silently. Ties the model's ``tie_weights()`` would add, which accel undoes, warn
+        under ``"error"`` too. Only moves that can untie weights check at all: to an
+        accelerator that declares ``unties_weights`` (``tpu``), and, with the built-in
+        plugins registered, to or from XLA, to ``meta`` and in torch's overwrite mode.
         """
         return self._tie_check
 
@@ -110,10 +117,16 @@ class Accelerator(CheckpointMethods):
     ) -> _Model:
         """Move ``model`` to :attr:`device` through the plugins' hooks and return it.
 
-        Runs ``pre_move_hook``, ``model_to_device`` and ``post_move_hook`` (the TPU
-        plugin re-ties and validates tied weights there). If any step fails, the
-        model is restored exactly as it was (same objects, devices, values, ties and
-        gradients) and the exception is re-raised with a note saying so.
+        Runs ``pre_move_hook``, ``model_to_device`` and ``post_move_hook``; for an
+        accelerator that declares ``unties_weights`` (``tpu``) the ties are remembered
+        after the pre hooks and re-tied and validated before the post hooks. If any
+        step fails, the model is restored (same objects in every slot, devices,
+        storage, ties, gradients, ``requires_grad`` and training mode) and the
+        exception is re-raised with a note saying so; tensors a hook changed in place
+        cannot be restored without copies, and the note names each of them.
+
+        Moves of one model from several threads run one at a time; moves of
+        different models run concurrently.
 
         A torch_xla ``MpModelWrapper`` (used when processes are forked) is accepted
         too: its wrapped model moves under the wrapper's lock, as the wrapper's own
@@ -121,6 +134,7 @@ class Accelerator(CheckpointMethods):
 
         :param optimizer: optimizer(s) built on the model's parameters; their
             parameter groups and state are remapped to the moved parameters.
+        :raises ValueError: none of the optimizers holds any of the model's parameters.
         """
         from torch import nn
 
@@ -135,23 +149,35 @@ class Accelerator(CheckpointMethods):
                 f"use batch_to_device for tensors and containers of tensors"
             )
         optimizers = _as_optimizer_list(optimizer)
+        # One move of a model at a time: a second thread's snapshot would see the
+        # slots the first one emptied for its move. Moves of other models go on.
+        with _move_lock(model):
+            return self._move(model, optimizers)
+
+    def _move(self, model: _Model, optimizers: list[torch.optim.Optimizer]) -> _Model:
         restore_point = RestorePoint(model)
+        if optimizers:
+            from accel._core.optimizers import check_optimizers_hold
+
+            check_optimizers_hold(optimizers, model, restore_point.parameter_ids())
         context = MoveContext(self.name, self.device, self._tie_check)
+        # Declared by the plugin: moves to this device untie, so accel keeps the ties.
+        keeps_ties = self.spec.unties_weights
         try:
             self._hooks.pre_move_hook(model, self.device, context)
+            if keeps_ties:  # after every pre_move_hook: each saw the model whole
+                begin_kept_move(model, context)
             moved = self._hooks.model_to_device(model, self.device, context)
+            restore_point.mark_moved()
+            if keeps_ties:  # before every post_move_hook: each sees it re-tied
+                finish_kept_move(moved, self.device, context, stacklevel=4)
             self._hooks.post_move_hook(moved, self.device, context)
             if optimizers:
                 from accel._core.optimizers import retarget_optimizers
 
                 retarget_optimizers(optimizers, restore_point, self.device)
         except BaseException as exc:
-            restore_point.restore()
-            add_note(
-                exc,
-                f"accel: moving the model to {self.device} failed; the model was "
-                "restored as it was before the move.",
-            )
+            add_note(exc, _restored_note(self.device, restore_point.restore()))
             raise
         return moved  # type: ignore[return-value]
 
@@ -165,6 +191,67 @@ class Accelerator(CheckpointMethods):
             # a call, which adds up over a training loop's small batches).
             return move_batch(batch, self.device)
         return self._hooks.batch_to_device(batch, self.device)
+
+
+#: What a restore puts back, for the note on a failed move.
+_RESTORED = (
+    "every parameter, buffer and submodule slot, the parameters' data, gradients and "
+    "requires_grad, and every module's training mode"
+)
+# Tensors named in full in the note; a longer list is cut.
+_UNRESTORED_SHOWN = 10
+
+
+def _restored_note(device: torch.device, unrestored: list[str]) -> str:
+    """The note on a failed move: what was restored and, exactly, what was not."""
+    if not unrestored:
+        return (
+            f"accel: moving the model to {device} failed; the model was restored as it was "
+            f"before the move ({_RESTORED}; no tensor was changed in place)."
+        )
+    shown = ", ".join(unrestored[:_UNRESTORED_SHOWN])
+    if len(unrestored) > _UNRESTORED_SHOWN:
+        shown += f" and {len(unrestored) - _UNRESTORED_SHOWN} more"
+    return (
+        f"accel: moving the model to {device} failed; accel restored {_RESTORED}, but "
+        f"{len(unrestored)} tensor{'s were' if len(unrestored) != 1 else ' was'} changed in "
+        f"place during the move and keep{'' if len(unrestored) != 1 else 's'} the new values "
+        f"(accel keeps no copies of values): {shown}."
+    )
+
+
+# id(model) -> (a weak reference to it, its move lock). Kept here rather than as an
+# attribute of the model, which would break copy.deepcopy and pickling of the model
+# (locks are neither copyable nor picklable). Keyed by id rather than by the model
+# (a WeakKeyDictionary) so that a model with its own __eq__/__hash__ works too; the
+# weak reference's callback drops the entry before the id can be reused.
+_MOVE_LOCKS: dict[int, tuple[weakref.ref[nn.Module], threading.RLock]] = {}
+_MOVE_LOCKS_GUARD = threading.Lock()
+
+
+def _move_lock(model: nn.Module) -> threading.RLock:
+    """The lock that serialises moves of ``model``, created on its first move.
+
+    Re-entrant: a hook may move the same model again from the same thread.
+    """
+    key = id(model)
+    entry = _MOVE_LOCKS.get(key)
+    if entry is not None and entry[0]() is model:
+        return entry[1]
+    with _MOVE_LOCKS_GUARD:
+        entry = _MOVE_LOCKS.get(key)
+        if entry is None or entry[0]() is not model:
+            reference = weakref.ref(model, functools.partial(_forget_lock, key))
+            entry = (reference, threading.RLock())
+            _MOVE_LOCKS[key] = entry
+        return entry[1]
+
+
+def _forget_lock(key: int, reference: weakref.ref[nn.Module]) -> None:
+    with _MOVE_LOCKS_GUARD:
+        entry = _MOVE_LOCKS.get(key)
+        if entry is not None and entry[0] is reference:
+            del _MOVE_LOCKS[key]
 
 
 def _mp_model_wrapper_parts(obj: object) -> tuple[nn.Module, Any] | None:

@@ -14,6 +14,7 @@ __all__ = [
     "AcceleratorUnavailableError",
     "PluginError",
     "PluginWarning",
+    "TyingWarning",
     "WeightTyingError",
 ]
 
@@ -88,3 +89,14 @@ class PluginError(AcceleratorError):
 
 class PluginWarning(UserWarning):
     """A plugin could not be loaded; the others keep working."""
+
+
+class TyingWarning(UserWarning):
+    """A move kept the model's ties as they were before it, though something asked
+    otherwise: the model's own ``tie_weights()`` would have changed them.
+
+    Given when accel undid ties that ``tie_weights()`` added (a checkpoint saved
+    untied, loaded with a config that ties), under every ``tie_check`` but ``"off"``,
+    as transformers itself warns; and with ``tie_check="warn"`` for anything else that
+    would have raised :class:`WeightTyingError`.
+    """

@@ -145,9 +145,10 @@ def pre_move_hook(
 ) -> None:
     """Called before a model moves. Remember what you need in ``context.notes``.
 
-    The TPU plugin records the tied parameter groups here. If this or any later
-    step raises, the model is restored as it was and the exception propagates.
-    Example::
+    For an accelerator that declares ``unties_weights``, accel records the tied
+    parameter groups after every ``pre_move_hook`` has run. If this or any later
+    step raises, the model is restored (see :meth:`accel.Accelerator.model_to_device`)
+    and the exception propagates. Example::
 
         @accel.hookimpl
         def pre_move_hook(model, context):
@@ -183,9 +184,10 @@ def post_move_hook(
 ) -> None:
     """Called after the move with the moved model; fix up and validate it here.
 
-    The TPU plugin re-ties the groups it remembered in ``pre_move_hook``, calls the
-    model's own ``tie_weights()``, then validates. Raise to fail the move: the
-    model is restored and the exception reaches the caller. Example::
+    For an accelerator that declares ``unties_weights`` (the TPU does), accel has
+    already re-tied the groups it remembered, called the model's own
+    ``tie_weights()`` and validated. Raise to fail the move: the model is restored
+    and the exception reaches the caller. Example::
 
         @accel.hookimpl
         def post_move_hook(model, device):

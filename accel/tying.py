@@ -218,6 +218,10 @@ class TieReport:
     tie_weights_called: bool = False
     #: Whether what ``tie_weights()`` changed was undone, because it changed the ties.
     tie_weights_undone: bool = False
+    #: Whether the model, once :meth:`TyingSnapshot.finish_move` is done, has exactly
+    #: the snapshot's ties and unique parameter count again (true when :attr:`ok`, and
+    #: when undoing what ``tie_weights()`` changed brought the model back).
+    kept_as_before: bool = False
 
     @property
     def ok(self) -> bool:
@@ -292,18 +296,27 @@ class TyingSnapshot:
         self.retie()
         tie_weights = getattr(model, "tie_weights", None)
         if not callable(tie_weights):
-            return self.check(model)
+            report = self.check(model)
+            return replace(report, kept_as_before=report.ok)
         after_retie = SlotContents(model)
         tie_weights()
         report = self.check(model)
         if report.ok:
-            return replace(report, tie_weights_called=True)
+            return replace(report, tie_weights_called=True, kept_as_before=True)
         undone = after_retie.restore()
-        return replace(report, tie_weights_called=True, tie_weights_undone=undone)
+        # Checked again, not assumed: tie_weights() may have done what slots cannot undo.
+        kept = undone and self.check(model).ok
+        return replace(
+            report, tie_weights_called=True, tie_weights_undone=undone, kept_as_before=kept
+        )
 
 
-def format_tie_failure(report: TieReport, device: object) -> str:
-    """Explain a failed :class:`TieReport`: counts, groups, what accel did, what to do."""
+def format_tie_failure(report: TieReport, device: object, *, raised: bool = True) -> str:
+    """Explain a failed :class:`TieReport`: counts, groups, what accel did, what to do.
+
+    :param raised: the text is a :class:`~accel.WeightTyingError`'s; ``False``: a
+        :class:`~accel.TyingWarning`'s, the move having gone ahead.
+    """
     what = {(True, False): "tied weights came apart", (False, True): "new ties appeared"}.get(
         (bool(report.broken), bool(report.appeared)), "tied weights changed"
     )
@@ -347,8 +360,14 @@ def format_tie_failure(report: TieReport, device: object) -> str:
         lines.append(
             "If the model's tie_weights() unties weights on purpose, or replaces them, fix it."
         )
-    lines.append(
-        "To move anyway, keeping the ties the model had before the move, pass "
-        "tie_check='warn' (or 'off') to get_accelerator()."
-    )
+    if raised:
+        lines.append(
+            "To move anyway, keeping the ties the model had before the move, pass "
+            "tie_check='warn' (or 'off') to get_accelerator()."
+        )
+    else:
+        lines.append(
+            "The move went ahead: the model keeps the ties and values it had before the "
+            "move. Pass tie_check='off' to get_accelerator() to silence this warning."
+        )
     return "\n".join(lines)

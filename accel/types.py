@@ -38,7 +38,8 @@ class AcceleratorSpec:
     """An accelerator a plugin provides, as returned by its ``register_accelerators`` hook.
 
     >>> AcceleratorSpec("NPU", aliases=("ascend",), priority=150, description="Ascend NPUs")
-    AcceleratorSpec(name='npu', aliases=('ascend',), priority=150, description='Ascend NPUs')
+    ... # doctest: +ELLIPSIS
+    AcceleratorSpec(name='npu', aliases=('ascend',), priority=150, description='Ascend NPUs', ...)
     """
 
     #: Canonical name, normalised to lower case.
@@ -51,6 +52,11 @@ class AcceleratorSpec:
     priority: int = 0
     #: One line for listings.
     description: str = ""
+    #: Moves to this accelerator's device give every slot a Parameter of its own (its
+    #: tensors cannot take over another device's storage in place, as on XLA): accel
+    #: then keeps the model's ties on every move to it, as the TPU plugin's are kept
+    #: (snapshot, re-tie, the model's ``tie_weights()``, validation by ``tie_check``).
+    unties_weights: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", check_accelerator_name(self.name, "accelerator name"))
@@ -62,6 +68,10 @@ class AcceleratorSpec:
             raise TypeError(f"priority of {self.name!r} must be an int, got {self.priority!r}")
         if not isinstance(self.description, str):
             raise TypeError(f"description of {self.name!r} must be a str")
+        if not isinstance(self.unties_weights, bool):
+            raise TypeError(
+                f"unties_weights of {self.name!r} must be a bool, got {self.unties_weights!r}"
+            )
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,18 @@
 
 A :class:`RestorePoint` keeps *references* to everything a move can change (the
 objects in every parameter, buffer and submodule slot, each parameter's data,
-gradient and ``requires_grad``), never copies of tensors, so it costs a few
-dictionaries however large the model is.
+gradient and ``requires_grad``, every module's training flag), never copies of
+tensors, so it costs a few dictionaries however large the model is.
+
+Values changed in place (a hook rescaling a weight, a forward pass updating
+BatchNorm statistics) cannot be put back without a copy, and copying every tensor
+before every move would double the model's memory. Instead each tensor's version
+counter (``tensor._version``, bumped by in-place operations) is read before the
+move, and :meth:`RestorePoint.restore` names the tensors whose values changed,
+so the note on a failed move says exactly what was and was not restored. (torch's
+batch-norm kernels write running statistics without bumping their counters; those
+are inferred from the layer's ``num_batches_tracked``. A custom kernel that writes
+in place without bumping the counter stays invisible.)
 """
 
 from __future__ import annotations
@@ -80,19 +90,94 @@ class _ParameterState:
     grad_data: torch.Tensor | None
 
 
+class _VersionWatch:
+    """In-place edits of a model's tensors, read from their version counters.
+
+    Plain lists, not an object per tensor: it runs on every move. A swap (torch's
+    swap mode, and always for wrapper subclasses) gives the tensor object another
+    implementation with a counter of its own, so for those the original counter is
+    read through a ``detach()`` taken before the move, which shares it. After an
+    in-place move (``param.data = moved``, CPU <-> CUDA) the counter is shared with
+    the moved data too, so edits after the move are told apart by :meth:`mark_moved`.
+    """
+
+    __slots__ = ("_aliases", "_moved", "_pointers", "_tensors", "_versions", "_versions_at_move")
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        import torch
+
+        swapping = torch.__future__.get_swap_module_params_on_conversion()
+        plain = _plain_types()
+        self._tensors = tensors
+        # A plain tensor is its own alias: its counter stays its own across moves.
+        self._aliases = [t.detach() if swapping or type(t) not in plain else t for t in tensors]
+        self._versions = [alias._version for alias in self._aliases]
+        self._pointers = [_pointer(t, plain) for t in tensors]
+        self._moved: list[bool] | None = None
+        self._versions_at_move: list[int] = []
+
+    def mark_moved(self) -> None:
+        """Note which tensors the move gave other storage, and their counters then."""
+        import torch
+
+        plain = _plain_types()
+        self._moved = [
+            _pointer(t, plain) != pointer if alias is t else not torch._C._is_alias_of(t, alias)  # type: ignore[attr-defined]
+            for t, alias, pointer in zip(self._tensors, self._aliases, self._pointers, strict=True)
+        ]
+        self._versions_at_move = [alias._version for alias in self._aliases]
+
+    def changed(self) -> list[torch.Tensor]:
+        """The tensors whose values, as the restore puts them back, were changed in place.
+
+        Conservative where it cannot tell: a move that failed half-way through an
+        in-place move counts every edit of the shared counter, and so does an
+        in-place move between two XLA (or ``meta``) devices, whose data pointers are 0.
+        """
+        moved = self._moved or [False] * len(self._tensors)
+        return [
+            tensor
+            for tensor, alias, version, was_moved, at_move in zip(
+                self._tensors,
+                self._aliases,
+                self._versions,
+                moved,
+                self._versions_at_move or self._versions,
+                strict=True,
+            )
+            # Moved in place: later edits hit the moved data, which the restore drops.
+            if (at_move if was_moved else alias._version) != version
+        ]
+
+
+def _pointer(tensor: torch.Tensor, plain: tuple[type, ...]) -> int:
+    # Wrapper subclasses may have no storage to point at; they are compared by alias.
+    return tensor.data_ptr() if type(tensor) in plain else 0
+
+
+@functools.cache
+def _plain_types() -> tuple[type, ...]:
+    import torch
+
+    return (torch.Tensor, torch.nn.Parameter)
+
+
 class RestorePoint:
     """What a model looked like before a move; :meth:`restore` puts it back."""
 
-    __slots__ = ("_parameters", "_slots")
+    __slots__ = ("_model", "_parameters", "_slots", "_training", "_watches")
 
     def __init__(self, model: nn.Module) -> None:
+        self._model = model
         self._slots = SlotContents(model)
+        self._training = [(module, module.training) for module, _, _, _ in self._slots.modules()]
         states: dict[int, _ParameterState] = {}
-        for _, parameters, _, _ in self._slots.modules():
-            for parameter in parameters.values():
+        buffers: dict[int, torch.Tensor] = {}
+        for _, module_parameters, module_buffers, _ in self._slots.modules():
+            for parameter in module_parameters.values():
                 if parameter is None or id(parameter) in states:
                     continue
-                grad = parameter.grad
+                grad = parameter.grad  # read once: a property, not free on a Parameter
                 states[id(parameter)] = _ParameterState(
                     parameter,  # type: ignore[arg-type]
                     # .data is a new alias of the same storage: a reference, not a copy.
@@ -101,7 +186,19 @@ class RestorePoint:
                     grad,
                     None if grad is None else grad.data,
                 )
+            for buffer in module_buffers.values():
+                if buffer is not None:
+                    buffers[id(buffer)] = buffer
         self._parameters = list(states.values())
+        watched: list[torch.Tensor] = [state.parameter for state in self._parameters]
+        watched += [state.grad for state in self._parameters if state.grad is not None]
+        watched += [buffer for key, buffer in buffers.items() if key not in states]
+        # Inference tensors have no version counter (nor can they change outside it).
+        self._watches = _VersionWatch([t for t in watched if not t.is_inference()])
+
+    def parameter_ids(self) -> set[int]:
+        """``id`` of every distinct Parameter of the model when it was captured."""
+        return {id(state.parameter) for state in self._parameters}
 
     def moved_parameters(self) -> dict[int, nn.Parameter]:
         """Map ``id(parameter before the move)`` to the Parameter now in its slot.
@@ -117,10 +214,23 @@ class RestorePoint:
                     moved[id(before)] = after
         return moved
 
-    def restore(self) -> None:
-        """Put every slot, parameter storage and gradient back as captured."""
+    def mark_moved(self) -> None:
+        """Call once the move itself is done: in-place edits after this point touch
+        the moved tensors, not the values a restore puts back."""
+        self._watches.mark_moved()
+
+    def restore(self) -> list[str]:
+        """Put every slot, parameter storage, gradient and training flag back as
+        captured; return the qualified names of the tensors whose values were
+        changed in place since, which a restore cannot put back (empty if none).
+        """
         import torch
 
+        changed = {id(tensor) for tensor in self._watches.changed()}
+        if changed:
+            _add_running_statistics(self._slots, changed)
+        for module, training in self._training:
+            module.training = training  # the flag only: train()/eval() may be overridden
         self._slots.restore()
         with torch.no_grad():
             for state in self._parameters:
@@ -132,6 +242,37 @@ class RestorePoint:
                     _put_back(state.grad, state.grad_data, _as_plain_tensor)
                 parameter.grad = state.grad
                 parameter.requires_grad_(state.requires_grad)
+        return _names_of(self._model, changed) if changed else []
+
+
+def _add_running_statistics(slots: SlotContents, changed: set[int]) -> None:
+    """Count a norm layer's running statistics as changed when its batch counter is.
+
+    torch's batch-norm kernels update ``running_mean`` and ``running_var`` in place
+    without bumping their version counters; the forward pass that does so also adds
+    one to ``num_batches_tracked`` (an ordinary ``add_``, which is counted).
+    """
+    for _, _, buffers, _ in slots.modules():
+        counter = buffers.get("num_batches_tracked")
+        if counter is not None and id(counter) in changed:
+            for name in ("running_mean", "running_var"):
+                statistic = buffers.get(name)
+                if statistic is not None:
+                    changed.add(id(statistic))
+
+
+def _names_of(model: nn.Module, tensor_ids: set[int]) -> list[str]:
+    """The qualified names of the tensors in ``tensor_ids`` (a gradient as ``NAME.grad``),
+    each tensor once, in the model's order."""
+    names: dict[int, str] = {}
+    for name, parameter in model.named_parameters():
+        for tensor, qualified in ((parameter, name), (parameter.grad, f"{name}.grad")):
+            if tensor is not None and id(tensor) in tensor_ids:
+                names.setdefault(id(tensor), qualified)
+    for name, buffer in model.named_buffers():
+        if id(buffer) in tensor_ids:
+            names.setdefault(id(buffer), name)
+    return list(names.values())
 
 
 def _put_back(
@@ -165,4 +306,12 @@ def _as_plain_tensor(data: torch.Tensor) -> torch.Tensor:
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.device == b.device and a.dtype == b.dtype and a.data_ptr() == b.data_ptr()
+    import torch
+
+    # data_ptr() alone is not enough: it is 0 for every XLA and meta tensor.
+    return (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.data_ptr() == b.data_ptr()
+        and torch._C._is_alias_of(a, b)  # type: ignore[attr-defined]  # not in torch stubs
+    )

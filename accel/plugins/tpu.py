@@ -10,10 +10,11 @@ Asked for by name, ``tpu`` runs on any configured PJRT device, so
 runtime's device type really is TPU.
 
 Moving a module to or from an XLA device unties its shared parameters (see
-:mod:`accel.tying`); this module alone re-ties and validates them: :class:`TpuPlugin`
-on moves to ``tpu``, and its cross-cutting companion :class:`TieGuardPlugin` on
-every other accelerator's moves that can untie (a model leaving XLA, a move to
-``meta``), at the cost of two cheap checks on every other move.
+:mod:`accel.tying`). :class:`TpuPlugin` declares so (``unties_weights=True``), and
+the handle keeps the ties on every move to ``tpu``; its cross-cutting companion
+:class:`TieGuardPlugin` keeps them on every other accelerator's moves that can untie
+(a model leaving XLA, a move to ``meta``), at the cost of two cheap checks on every
+other move. Both run the same code, :mod:`accel._core.tie_keeping`.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import glob
 import importlib.util
 import os
 import sys
-import warnings
 from typing import TYPE_CHECKING, Final
 
+from accel._core.tie_keeping import begin_kept_move, finish_kept_move
 from accel._core.walk import each_module
-from accel.errors import WeightTyingError
+
+# TyingWarning is re-exported: it was first documented as accel.plugins.tpu.TyingWarning.
+from accel.errors import TyingWarning
 from accel.markers import hookimpl
 from accel.plugins import _xla_versions
 from accel.plugins._pjrt import (
@@ -37,7 +40,6 @@ from accel.plugins._pjrt import (
     runtime_start_failure,
 )
 from accel.plugins._xla_training import XlaTrainingHooks
-from accel.tying import TyingSnapshot, empty_duplicate_slots, format_tie_failure
 from accel.types import AcceleratorSpec, Availability, MoveContext
 
 if TYPE_CHECKING:
@@ -46,15 +48,9 @@ if TYPE_CHECKING:
 
 __all__ = ["TieGuardPlugin", "TpuPlugin", "TyingWarning", "move_can_untie"]
 
-_NOTES_KEY: Final = "accel.tpu.tying"
 #: Device types whose tensors cannot take over another device's storage in place:
 #: a move starting or ending on one gives every slot a Parameter of its own.
 UNTYING_DEVICE_TYPES: Final = frozenset({"xla", "meta"})
-
-
-class TyingWarning(UserWarning):
-    """A move would have changed which tensors are tied and ``tie_check="warn"`` was
-    chosen: the model keeps the ties it had before the move."""
 
 
 def tpu_hardware_present() -> bool:
@@ -153,6 +149,8 @@ class TpuPlugin(XlaTrainingHooks):
                 aliases=("xla",),
                 priority=200,
                 description="Google TPUs via torch_xla (PJRT)",
+                # accel keeps ties on every move to it (accel/_core/tie_keeping.py).
+                unties_weights=True,
             )
         ]
 
@@ -177,16 +175,6 @@ class TpuPlugin(XlaTrainingHooks):
     def distributed_backend(self) -> str:
         return "xla"
 
-    # trylast / tryfirst: other plugins' hooks see the model whole, before it is
-    # hollowed out for the move and after it is re-tied.
-    @hookimpl(trylast=True)
-    def pre_move_hook(self, model: nn.Module, context: MoveContext) -> None:
-        _begin_guarded_move(model, context)
-
-    @hookimpl(tryfirst=True)
-    def post_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
-        _finish_guarded_move(model, device, context)
-
 
 class TieGuardPlugin:
     """The TPU plugin's cross-cutting companion: keeps ties on other accelerators' moves.
@@ -196,18 +184,20 @@ class TieGuardPlugin:
     and so does a move to ``meta`` or any move in torch's overwrite mode
     (``torch.__future__.set_overwrite_module_params_on_conversion(True)``). On other
     moves (CPU <-> CUDA) it returns after :func:`move_can_untie`'s cheap checks.
-    On a ``tpu`` move, whichever of it and :class:`TpuPlugin` runs first does the
-    work, once.
+    On a move to an accelerator that declares ``unties_weights`` (``tpu``), the
+    handle keeps the ties too; whichever begins first does the work, once.
     """
 
+    # trylast / tryfirst: other plugins' hooks see the model whole, before it is
+    # hollowed out for the move and after it is re-tied.
     @hookimpl(trylast=True)
     def pre_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
         if move_can_untie(model, device):
-            _begin_guarded_move(model, context)
+            begin_kept_move(model, context)
 
     @hookimpl(tryfirst=True)
     def post_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
-        _finish_guarded_move(model, device, context)
+        finish_kept_move(model, device, context)
 
 
 def move_can_untie(model: nn.Module, device: torch.device) -> bool:
@@ -234,41 +224,4 @@ def _holds_a_tensor_on(model: nn.Module, device_types: frozenset[str]) -> bool:
         for module in each_module(model)
         for slots in (module._parameters, module._buffers)
         for tensor in slots.values()
-    )
-
-
-def _begin_guarded_move(model: nn.Module, context: MoveContext) -> None:
-    """Before the move: remember the ties, then hollow out the duplicate slots.
-
-    Does nothing if this move is already guarded (both plugins see ``tpu`` moves).
-    """
-    if _NOTES_KEY in context.notes:
-        return
-    snapshot = TyingSnapshot.capture(model)
-    context.notes[_NOTES_KEY] = snapshot
-    # Each shared tensor then crosses to the device once, not once per slot: on a
-    # GPT-2-sized model that is the difference between matching a bare move and
-    # copying the embedding twice. A failed move restores the slots.
-    empty_duplicate_slots(list(snapshot.groups))
-
-
-def _finish_guarded_move(model: nn.Module, device: torch.device, context: MoveContext) -> None:
-    """After the move: re-tie, run the model's ``tie_weights()``, keep the ties the
-    model had before the move, and report by ``context.tie_check``."""
-    snapshot: TyingSnapshot | None = context.notes.pop(_NOTES_KEY, None)
-    if snapshot is None:
-        return  # not a guarded move, or the other plugin finished it
-    report = snapshot.finish_move(model)
-    if report.ok or context.tie_check == "off":
-        return
-    message = format_tie_failure(report, device)
-    if context.tie_check == "warn":
-        warnings.warn(message, TyingWarning, stacklevel=3)
-        return
-    raise WeightTyingError(
-        message,
-        count_before=report.count_before,
-        count_after=report.count_after,
-        broken_groups=[group.names for group in report.broken],
-        appeared_groups=[group.names for group in report.appeared],
     )

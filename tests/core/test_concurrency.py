@@ -6,6 +6,7 @@ import collections
 import dataclasses
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 import accel
+from accel.tying import count_unique_parameters
 from helpers.fakes import FakeAccelerator, MetaTpuPlugin, MoveRecorder
 from helpers.models import TiedLM
 from helpers.registries import isolated_registry
@@ -305,3 +307,130 @@ def test_a_handle_never_reaches_a_plugin_registered_after_it() -> None:
     assert cpu.is_available()  # the late plugin's "no" never answers for the CPU
     cpu.model_to_device(torch.nn.Linear(2, 2))
     assert late.calls == []  # nor do its move hooks run
+
+
+# -- one model, many threads: moves of one model serialise, of different models do not --
+
+#: The stress test's time box: as many rounds as fit, at least one.
+STRESS_SECONDS = 4.0
+STRESS_ROUNDS = 40
+
+
+def _tie_damage(model: TiedLM, device: torch.device) -> str | None:
+    """What is wrong with a TiedLM after its moves, or None."""
+    head, embed = model.head.weight, model.embed.weight
+    if head is None or embed is None or head is not embed:
+        where = [None if t is None else str(t.device) for t in (head, embed)]
+        return f"head.weight is {'None' if head is None else 'not embed.weight'} ({where})"
+    if count_unique_parameters(model) != 3:
+        return f"{count_unique_parameters(model)} unique parameters, not 3"
+    off = [name for name, p in model.named_parameters() if p.device != device]
+    return f"not on {device}: {off}" if off else None
+
+
+def one_model_from_many_threads(acc: accel.Accelerator) -> tuple[list[str], int]:
+    """Rounds of THREADS threads all moving one fresh tied model; what went wrong."""
+    problems: list[str] = []
+    rounds = 0
+    deadline = time.monotonic() + STRESS_SECONDS
+    while rounds < STRESS_ROUNDS and time.monotonic() < deadline:
+        model = TiedLM(vocab=6, width=4)
+        errors = _run_threads([lambda m=model: acc.model_to_device(m)] * THREADS)
+        damage = _tie_damage(model, acc.device)
+        if errors or damage:
+            raised = [error.strip().splitlines()[-1] for error in errors]
+            problems.append(f"round {rounds}: {damage}; {len(errors)} raised {raised[:1]}")
+        rounds += 1
+    return problems, rounds
+
+
+def test_one_tied_model_moved_from_many_threads_stays_whole(
+    meta_tpu: accel.Accelerator, busy_switching: None
+) -> None:
+    problems, rounds = one_model_from_many_threads(meta_tpu)
+    assert rounds >= 1
+    assert problems == [], f"{len(problems)} of {rounds} rounds broke the model: {problems[:3]}"
+
+
+@pytest.mark.xla
+def test_one_tied_model_moved_from_many_threads_on_xla(
+    registry: accel.AcceleratorRegistry, busy_switching: None
+) -> None:
+    problems, rounds = one_model_from_many_threads(registry.get_accelerator("tpu"))
+    assert rounds >= 1
+    assert problems == [], f"{len(problems)} of {rounds} rounds broke the model: {problems[:3]}"
+
+
+def test_the_move_lock_goes_with_its_model(registry: accel.AcceleratorRegistry) -> None:
+    import gc
+
+    from accel import accelerator
+
+    model = TiedLM()
+    registry.get_accelerator("cpu").model_to_device(model)
+    assert id(model) in accelerator._MOVE_LOCKS
+    key = id(model)
+    del model
+    gc.collect()
+    assert key not in accelerator._MOVE_LOCKS
+
+
+class MoveOverlap:
+    """A cross-cutting plugin that makes every move wait a little inside its hook and
+    records, per model, how many moves of it were in flight at once."""
+
+    def __init__(self, arrivals: int = 1) -> None:
+        self._lock = threading.Lock()
+        self.in_flight: dict[int, int] = collections.Counter()
+        self.most: dict[int, int] = collections.Counter()
+        #: Moves that must all be inside the hook before any may leave it.
+        self.barrier = threading.Barrier(arrivals, timeout=5.0) if arrivals > 1 else None
+
+    @accel.hookimpl
+    def pre_move_hook(self, model: torch.nn.Module) -> None:
+        with self._lock:
+            self.in_flight[id(model)] += 1
+            self.most[id(model)] = max(self.most[id(model)], self.in_flight[id(model)])
+        if self.barrier is not None:
+            self.barrier.wait()
+        time.sleep(0.002)
+
+    @accel.hookimpl
+    def post_move_hook(self, model: torch.nn.Module) -> None:
+        with self._lock:
+            self.in_flight[id(model)] -= 1
+
+
+def test_moves_of_one_model_never_overlap(registry: accel.AcceleratorRegistry) -> None:
+    overlap = MoveOverlap()
+    registry.register(overlap)
+    cpu = registry.get_accelerator("cpu")
+    model = TiedLM()
+    errors = _run_threads([lambda: cpu.model_to_device(model)] * 8)
+    assert not errors, "\n".join(errors)
+    assert overlap.most[id(model)] == 1  # each move waited for the one before it
+
+
+def test_moves_of_different_models_run_at_the_same_time(
+    registry: accel.AcceleratorRegistry,
+) -> None:
+    # Both moves must be inside the hook at once to get past its barrier: a lock
+    # shared by all models would make the first wait for the second forever.
+    overlap = MoveOverlap(arrivals=2)
+    registry.register(overlap)
+    cpu = registry.get_accelerator("cpu")
+    models = [TiedLM(), TiedLM()]
+    errors = _run_threads([lambda m=m: cpu.model_to_device(m) for m in models])
+    assert not errors, "\n".join(errors)
+    assert all(overlap.most[id(m)] == 1 for m in models)
+
+
+def test_a_moved_model_still_copies_and_pickles(meta_tpu: accel.Accelerator) -> None:
+    import copy
+    import pickle
+
+    model = TiedLM()
+    accel.AcceleratorRegistry(entry_points=None).get_accelerator("cpu").model_to_device(model)
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert clone.head.weight is clone.embed.weight
+        assert not any("lock" in name.lower() for name in vars(clone))

@@ -529,3 +529,56 @@ def test_cpu_to_cpu_with_an_optimizer_changes_nothing_observable(
     _train(twin, twin_optimizer, steps=2)
     for p, q in zip(model.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+# -- an optimizer that holds none of the model's parameters ---------------------------
+
+
+def test_an_optimizer_built_before_an_earlier_move_is_refused(
+    meta_tpu: accel.Accelerator,
+) -> None:
+    model = TiedLM()
+    stale = torch.optim.SGD(model.parameters(), lr=0.1)
+    meta_tpu.model_to_device(model)  # the optimizer was not passed: its parameters are gone
+    params = list(model.parameters())
+
+    with pytest.raises(ValueError, match="holds none of the parameters") as info:
+        meta_tpu.model_to_device(model, optimizer=stale)
+
+    message = str(info.value)
+    assert message.startswith(
+        "optimizer= holds none of the parameters of the model being moved (TiedLM, 3 parameters)"
+    )
+    assert "the SGD optimizer holds 3 parameters (shapes (16, 8), (8, 8), (8,); on cpu)" in message
+    assert "pass it to every move" in message
+    # Refused before anything moved.
+    assert all(p is q for p, q in zip(model.parameters(), params, strict=True))
+    assert all(p.device.type == "cpu" for p in stale.param_groups[0]["params"])
+
+
+def test_several_optimizers_holding_none_are_each_named(
+    registry: accel.AcceleratorRegistry,
+) -> None:
+    model = TiedLM()
+    other = nn.Linear(2, 2)
+    wrong = [torch.optim.SGD(other.parameters(), lr=0.1), torch.optim.Adam([other.weight])]
+    with pytest.raises(ValueError, match="holds none of the parameters") as info:
+        registry.get_accelerator("cpu").model_to_device(model, optimizer=wrong)
+    assert (
+        "optimizer 0 (SGD) holds 2 parameters (shapes (2, 2), (2,); on cpu); "
+        "optimizer 1 (Adam) holds 1 parameter (shapes (2, 2); on cpu)."
+    ) in str(info.value)
+
+
+def test_an_optimizer_of_another_model_passed_beside_the_right_one_is_left_alone(
+    registry: accel.AcceleratorRegistry,
+) -> None:
+    # accelerate's prepare(model_a, model_b, opt_a, opt_b) moves each model with both.
+    model, other = TiedLM(), nn.Linear(2, 2)
+    own, others = (
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        torch.optim.SGD(other.parameters(), lr=0.1),
+    )
+    registry.get_accelerator("cpu").model_to_device(model, optimizer=[own, others])
+    assert own.param_groups[0]["params"][0] is model.embed.weight
+    assert others.param_groups[0]["params"] == [other.weight, other.bias]

@@ -517,6 +517,15 @@ def _arg_optimizer_list_of_junk(mp: pytest.MonkeyPatch) -> object:
     return acc.model_to_device(model, optimizer=[optimizer, "sgd"])  # type: ignore[list-item]
 
 
+@case("arg-optimizer-not-of-the-model", ValueError)
+def _arg_optimizer_not_of_the_model(mp: pytest.MonkeyPatch) -> object:
+    acc = isolated_registry(MetaTpuPlugin(), builtins=False).get_accelerator("tpu")
+    model = TiedLM()
+    stale = torch.optim.SGD(model.parameters(), lr=0.1)
+    acc.model_to_device(model)  # replaces every parameter; the optimizer was not passed
+    return acc.model_to_device(model, optimizer=stale)
+
+
 # Batches -------------------------------------------------------------------------
 
 
@@ -766,6 +775,11 @@ def _spec_aliases_str(mp: pytest.MonkeyPatch) -> object:
 @case("spec-priority", TypeError)
 def _spec_priority(mp: pytest.MonkeyPatch) -> object:
     return accel.AcceleratorSpec("npu", priority="high")  # type: ignore[arg-type]
+
+
+@case("spec-unties-weights-not-bool", TypeError)
+def _spec_unties_weights_not_bool(mp: pytest.MonkeyPatch) -> object:
+    return accel.AcceleratorSpec("npu", unties_weights="yes")  # type: ignore[arg-type]
 
 
 @case("spec-availability-not-bool", TypeError)
@@ -1026,18 +1040,17 @@ def _tpu_tie_broken_by_model(mp: pytest.MonkeyPatch) -> object:
     return acc.model_to_device(model)
 
 
-@case("tpu-tie-appeared-by-model", accel.WeightTyingError)
+@case("tpu-tie-appeared-by-model", accel.TyingWarning)
 def _tpu_tie_appeared_by_model(mp: pytest.MonkeyPatch) -> object:
     from helpers.models import TiesOnTieWeights
 
     acc = isolated_registry(MetaTpuPlugin(), builtins=False).get_accelerator("tpu")
     model = TiesOnTieWeights()
     assert model.head.weight is not model.embed.weight  # untied before the move
-    head = model.head.weight
-    try:
-        return acc.model_to_device(model)
-    finally:
-        assert model.head.weight is head  # restored: the head keeps its own weight
+    moved = acc.model_to_device(model)  # tie_check="error", the default
+    assert moved.head.weight is not moved.embed.weight  # kept untied: its own weight
+    assert moved.head.weight.device.type == "meta"
+    return moved
 
 
 # The launcher's variables (accel.distributed) -------------------------------------

@@ -264,6 +264,8 @@ def test_xla_move_keeps_ties_counts_dtypes_and_values(model: torch.nn.Module) ->
 
 
 def test_tpu_plugin_is_the_real_one() -> None:
-    # The fakes inherit every tying hook from the shipped plugin.
-    assert MetaTpuPlugin.post_move_hook is TpuPlugin.post_move_hook
-    assert MetaTpuPlugin.pre_move_hook is TpuPlugin.pre_move_hook
+    # The fakes declare the shipped plugin's accelerator, untying weights, so the
+    # handle keeps their ties exactly as it keeps the real one's.
+    assert MetaTpuPlugin.register_accelerators is TpuPlugin.register_accelerators
+    (spec,) = TpuPlugin().register_accelerators()
+    assert spec.name == "tpu" and spec.unties_weights is True

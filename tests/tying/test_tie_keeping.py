@@ -1,0 +1,167 @@
+"""Tie keeping a third-party accelerator opts into: ``AcceleratorSpec(unties_weights=True)``.
+
+The vendor plugin here is not the TPU plugin nor derived from it, and the registry has
+no built-ins (so no TPU tie guard either): the declaration alone must give it the
+TPU plugin's snapshot, re-tie, validation and ``tie_check`` behaviour. It moves to
+``meta``, which gives every slot a Parameter of its own exactly like XLA.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import accel
+from accel._core import tie_keeping
+from accel.tying import TieReport, count_unique_parameters, find_tied_parameters
+from helpers.models import ALL_MODELS, TiedLM, TiesOnTieWeights, UntiesOnPurpose
+
+
+class VendorPlugin:
+    """An XLA-like vendor accelerator: moves to ``meta``, declares that it unties."""
+
+    def __init__(self, *, unties_weights: bool = True) -> None:
+        self.unties_weights = unties_weights
+
+    @accel.hookimpl
+    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+        return [accel.AcceleratorSpec("npu", unties_weights=self.unties_weights)]
+
+    @accel.hookimpl
+    def is_available(self) -> accel.Availability:
+        return accel.Availability(True)
+
+    @accel.hookimpl
+    def get_device(self) -> torch.device:
+        return torch.device("meta")
+
+
+def _npu(*, unties_weights: bool = True, builtins: bool = False) -> accel.Accelerator:
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=builtins)
+    registry.register(VendorPlugin(unties_weights=unties_weights))
+    return registry.get_accelerator("npu")
+
+
+@pytest.fixture
+def captures(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many tie snapshots were taken (one per kept move)."""
+    taken: list[int] = []
+    capture = tie_keeping.TyingSnapshot.capture
+
+    def counting(model: nn.Module) -> tie_keeping.TyingSnapshot:
+        taken.append(id(model))
+        return capture(model)
+
+    monkeypatch.setattr(tie_keeping.TyingSnapshot, "capture", counting)
+    return taken
+
+
+def test_the_premise_an_undeclared_untying_device_breaks_ties_silently() -> None:
+    # Documented (docs/plugins.md): without the declaration, and without the TPU
+    # plugin's guard registered, accel does not look at ties, so tie_check has
+    # nothing to check.
+    npu = _npu(unties_weights=False)
+    assert npu.tie_check == "error"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = npu.model_to_device(TiedLM())
+    assert model.head.weight is not model.embed.weight
+    assert count_unique_parameters(model) == 4
+
+
+@pytest.mark.parametrize("name", sorted(ALL_MODELS))
+def test_a_declared_untying_device_keeps_every_tie(name: str, captures: list[int]) -> None:
+    model = ALL_MODELS[name]()
+    partition = {group.names for group in find_tied_parameters(model)}
+    count = count_unique_parameters(model)
+    moved = _npu().model_to_device(model)
+    assert captures == [id(model)]  # kept once
+    assert {group.names for group in find_tied_parameters(moved)} == partition
+    assert count_unique_parameters(moved) == count
+    assert all(p.device.type == "meta" for p in moved.parameters())
+
+
+def test_tie_check_error_raises_and_restores_on_a_declared_device() -> None:
+    model = UntiesOnPurpose()
+    embed = model.embed.weight
+    with pytest.raises(accel.WeightTyingError, match=r"Before: 3 After: 4") as info:
+        _npu().model_to_device(model)
+    assert info.value.broken_groups == [("embed.weight", "head.weight")]
+    assert model.embed.weight is embed and model.head.weight is embed
+    assert embed.device.type == "cpu"
+
+
+def test_tie_check_warn_and_off_on_a_declared_device() -> None:
+    npu = _npu()
+    npu.tie_check = "warn"
+    with pytest.warns(accel.TyingWarning, match="tied weights came apart"):
+        model = npu.model_to_device(UntiesOnPurpose())
+    assert model.head.weight is model.embed.weight
+    npu.tie_check = "off"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = npu.model_to_device(UntiesOnPurpose())
+    assert model.head.weight is model.embed.weight
+
+
+def test_a_tie_that_would_appear_is_undone_with_a_warning_on_a_declared_device() -> None:
+    with pytest.warns(accel.TyingWarning, match="new ties appeared moving the model to meta"):
+        model = _npu().model_to_device(TiesOnTieWeights())
+    assert model.head.weight is not model.embed.weight
+
+
+def test_the_vendor_and_the_tpu_guard_together_keep_a_move_once(captures: list[int]) -> None:
+    # With the built-ins, the TPU plugin's guard sees the move to `meta` too.
+    model = _npu(builtins=True).model_to_device(TiedLM())
+    assert model.head.weight is model.embed.weight
+    assert len(captures) == 1
+
+
+def test_cpu_moves_take_no_snapshot(
+    registry: accel.AcceleratorRegistry, captures: list[int]
+) -> None:
+    model = registry.get_accelerator("cpu").model_to_device(TiedLM())
+    assert model.head.weight is model.embed.weight
+    assert captures == []
+    assert registry.get_accelerator("cpu").spec.unties_weights is False
+
+
+def test_unties_weights_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="unties_weights of 'npu' must be a bool, got 'yes'"):
+        accel.AcceleratorSpec("npu", unties_weights="yes")  # type: ignore[arg-type]
+
+
+def _report(**fields: object) -> TieReport:
+    return TieReport(count_before=2, count_after=1, broken=(), **fields)  # type: ignore[arg-type]
+
+
+def test_the_outcome_of_each_report_under_each_tie_check() -> None:
+    appeared = (object(),)
+    undone = _report(appeared=appeared, kept_as_before=True)
+    not_undone = _report(appeared=appeared, kept_as_before=False)
+    broken = TieReport(3, 4, broken=appeared, kept_as_before=True)  # type: ignore[arg-type]
+    table = {
+        (undone, "error"): "warn",
+        (undone, "warn"): "warn",
+        (undone, "off"): "ok",
+        (not_undone, "error"): "error",  # what accel cannot restore still raises
+        (not_undone, "warn"): "warn",
+        (broken, "error"): "error",
+        (broken, "warn"): "warn",
+        (broken, "off"): "ok",
+        (TieReport(2, 2, broken=(), kept_as_before=True), "error"): "ok",
+    }
+    for (report, tie_check), expected in table.items():
+        assert tie_keeping.outcome(report, tie_check) == expected, (report, tie_check)  # type: ignore[arg-type]
+
+
+def test_tying_warning_is_public() -> None:
+    from accel.plugins import tpu
+
+    assert "TyingWarning" in accel.__all__
+    assert issubclass(accel.TyingWarning, UserWarning)
+    assert not issubclass(accel.TyingWarning, accel.AcceleratorError)  # a warning, not an error
+    assert tpu.TyingWarning is accel.TyingWarning is accel.errors.TyingWarning
