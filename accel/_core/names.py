@@ -84,14 +84,15 @@ def parse_accelerator_name(name: object) -> tuple[str, int | None]:
             f"accelerator name must be a str such as 'cpu', 'cuda:1' or 'auto', "
             f"got {type(name).__name__}: {name!r}"
         )
-    text = normalize_name(name)
-    if not text:
+    text = name.strip().lower()
+    if not normalize_name(text):
         raise ValueError(
             f"accelerator name is empty ({name!r}): pass a name such as 'cpu', 'cuda' "
             f"or 'auto', or unset ${ACCELERATOR_ENV}"
         )
     base, sep, index_text = text.partition(":")
-    base = base.strip()
+    # NFKC for the name only: the index stays ASCII digits ('²' is no 2).
+    base = normalize_name(base)
     if not sep:
         return base, None
     index_text = index_text.strip()
