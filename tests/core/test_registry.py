@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -202,10 +204,6 @@ def test_register_and_unregister_while_other_threads_select_raise_only_accels_er
     as fast as it can; others select and list meanwhile. 'cpu', 'auto' and listing
     must always work (npu leaving is none of their business); 'npu' and its alias
     may be there or not, but only accel's documented errors say so."""
-    import sys
-    import threading
-    import time
-
     registry = accel.AcceleratorRegistry(entry_points=None)
     registry.names()  # loaded before the race starts
     stop = threading.Event()
