@@ -123,8 +123,7 @@ def run_demo(
             echo(f"step {step:3d}  loss {value:.4f}")
     echo(
         f"time per step: {seconds_per_step * 1e3:.2f} ms"
-        + (f" (after the first {_UNTIMED_STEPS})" if steps > _UNTIMED_STEPS else "")
-        + (", where XLA compiles" if steps > _UNTIMED_STEPS and chosen.device.type == "xla" else "")
+        + (_untimed_note(chosen.device.type == "xla") if steps > _UNTIMED_STEPS else "")
     )
     if chosen.device.type == "xla":
         echo(f"XLA graphs compiled: {_xla_graphs_compiled()} (the same for any --steps)")
@@ -159,6 +158,10 @@ def report_ties(
     held = all(group.is_tied() for group in groups) and count_before == count_after
     echo(f"every tie held: {'yes' if held else 'NO'}")
     return held
+
+
+def _untimed_note(xla: bool) -> str:
+    return f" (after the first {_UNTIMED_STEPS}{', where XLA compiles' if xla else ''})"
 
 
 def _demo_loader() -> list[dict[str, torch.Tensor]]:
