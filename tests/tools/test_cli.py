@@ -718,3 +718,19 @@ def test_check_debug_traceback_through_the_console_script() -> None:
     assert "Traceback (most recent call last):" in result.stderr
     assert "RuntimeError: cannot build the model: config.json missing" in result.stderr
     assert "CliError: tests.helpers.cli_factories:raising() raised RuntimeError" in result.stderr
+
+
+def test_commands_are_quiet_about_a_missing_numpy(tmp_path: Path) -> None:
+    """torch warns "Failed to initialize NumPy" at import where NumPy is missing (the
+    README's venv has none); accel's commands never use NumPy, so they do not pass it on."""
+    # None in sys.modules: `import numpy` raises ModuleNotFoundError, as if not installed.
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['numpy'] = None\n")
+    env = _environment(PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    plain = run_process([sys.executable, "-c", "import torch"], env=env)
+    assert "Failed to initialize NumPy" in plain.stderr  # the situation is real
+    result = run_process(
+        [sys.executable, "-m", "accel", "demo", "-a", "cpu", "--steps", "1"], env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert "NumPy" not in result.stderr
+    assert "every tie held: yes" in result.stdout
