@@ -119,11 +119,20 @@ def name_from_environment(name: str | None) -> tuple[str, str]:
     return AUTO, ""
 
 
+# Cyrillic and Greek letters that look like Latin ones, for the "did you mean" hint:
+# 'сpu' (Cyrillic es) was meant to be 'cpu', not 'tpu', though both are one letter off.
+_LOOKALIKES: Final = str.maketrans("асеорхуіјѕԁԛԝοαρνκτ", "aceopxyijsdqwoapvkt")
+
+
 def closest_name(name: str, known: Iterable[str]) -> str | None:
     """The known name ``name`` was most likely meant to be, if one is close."""
     import difflib  # only when a name is wrong: keeps `accel --help` quick
 
-    matches = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    names = list(known)
+    latin = name.translate(_LOOKALIKES)
+    if latin != name and latin in names:
+        return latin
+    matches = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return matches[0] if matches else None
 
 
