@@ -120,8 +120,9 @@ class Selector:
             if disputed:
                 raise self._catalog.dispute_error(disputed[0], requested, source)
             entries = [e for e in map(self._entry, candidates) if e is not None]
-            known = sorted({*self._catalog.names(), AUTO})
-            failures = list(self._failures)
+            # Only an unknown name needs these (the message lists them).
+            known = [] if entries else sorted({*self._catalog.names(), AUTO})
+            failures = [] if entries else list(self._failures)
         if not entries:
             suggestion = closest_name(base, known)
             hint = ""
