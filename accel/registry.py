@@ -67,7 +67,11 @@ class AcceleratorRegistry:
         self._parts: _Loaded | None = None
         self._failures: list[PluginFailure] = []
         # Re-entrant: loading registers plugins, and registering makes sure loading ran.
+        # It also guards the catalog: selection reads it under this lock (see Selector).
         self._lock = threading.RLock()
+        # The thread loading the plugins now, so that a plugin using this registry
+        # while it is being loaded gets a true error instead of a second load.
+        self._loading_thread: int | None = None
 
     # -- registration ------------------------------------------------------------
 
@@ -134,7 +138,8 @@ class AcceleratorRegistry:
     def names(self) -> list[str]:
         """Every canonical name and alias, sorted."""
         self._loaded()
-        return self._catalog.names()
+        with self._lock:
+            return self._catalog.names()
 
     # -- internals -------------------------------------------------------------------
 
@@ -145,28 +150,52 @@ class AcceleratorRegistry:
             return parts
         with self._lock:
             if self._parts is None:
-                from accel._core import fallbacks
-
-                dispatcher = Dispatcher(fallbacks)
-                if self._builtins:
-                    from accel.plugins import BUILTIN_PLUGINS
-
-                    for builtin_name, factory in BUILTIN_PLUGINS:
-                        self._add(
-                            dispatcher, factory(), f"accel.builtin.{builtin_name}", BUILTIN_PROVIDER
-                        )
-                self._failures.extend(
-                    self._loader.load(
-                        lambda plugin, name, provider: self._add(
-                            dispatcher, plugin, name, provider, entry_point=True
-                        )
-                    )
-                )
-                # Set last: other threads wait on the lock until the registry is whole.
-                self._parts = _Loaded(
-                    dispatcher, Selector(self._catalog, dispatcher, self._failures)
-                )
+                if self._loading_thread == threading.get_ident():
+                    raise self._reentry_error()
+                self._loading_thread = threading.get_ident()
+                try:
+                    self._parts = self._load()
+                except BaseException:
+                    # An interrupt while a plugin hangs: the next use starts afresh.
+                    self._catalog = Catalog()
+                    self._failures = []
+                    raise
+                finally:
+                    self._loading_thread = None
             return self._parts
+
+    def _load(self) -> _Loaded:
+        from accel._core import fallbacks
+
+        dispatcher = Dispatcher(fallbacks)
+        if self._builtins:
+            from accel.plugins import BUILTIN_PLUGINS
+
+            for builtin_name, factory in BUILTIN_PLUGINS:
+                self._add(dispatcher, factory(), f"accel.builtin.{builtin_name}", BUILTIN_PROVIDER)
+        self._failures.extend(
+            self._loader.load(
+                lambda plugin, name, provider: self._add(
+                    dispatcher, plugin, name, provider, entry_point=True
+                )
+            )
+        )
+        # Returned last: other threads wait on the lock until the registry is whole.
+        return _Loaded(dispatcher, Selector(self._catalog, dispatcher, self._failures, self._lock))
+
+    def _reentry_error(self) -> PluginError:
+        current = self._loader.current
+        who = (
+            f"accel plugin {current[0]!r} from {current[1]}"
+            if current is not None
+            else "a built-in plugin"
+        )
+        return PluginError(
+            f"{who} used accel (selected, listed or registered an accelerator) while accel "
+            f"was still loading it; accel can answer only once every plugin has loaded. "
+            f"Move that call out of the plugin's import-time code into a hook, which accel "
+            f"calls after loading."
+        )
 
     def _add(
         self,

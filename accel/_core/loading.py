@@ -2,7 +2,10 @@
 
 Each entry point loads inside its own guard: one that fails to import, to build or to
 register becomes a :class:`~accel.PluginFailure` and a :class:`~accel.PluginWarning`,
-and the others keep working. Entry points load in a fixed order (normalised
+and the others keep working. That includes a plugin calling ``sys.exit()`` at import
+(any :class:`BaseException` but :class:`KeyboardInterrupt`): a plugin never ends its
+caller's program. An interrupt while a plugin loads (one that hangs at import) goes
+on, saying which plugin was loading. Entry points load in a fixed order (normalised
 distribution name, then entry-point name), so what a registry holds never depends on
 the order in which distributions were installed.
 """
@@ -42,20 +45,34 @@ class EntryPointLoader:
         self._group = group
         self._allowed = None if allowed is None else _normalised_set(allowed)
         self._autoload = autoload
+        #: ``(entry-point name, provider)`` of the plugin being loaded now, if any.
+        self.current: tuple[str, str] | None = None
 
     def enabled(self) -> bool:
         if self._group is None:
             return False
         if self._autoload is not None:
             return self._autoload
-        return not env_flag(DISABLE_AUTOLOAD_ENV)
+        return not env_flag(DISABLE_AUTOLOAD_ENV, false_means="entry-point plugins still load")
 
     def allowed(self) -> set[str] | None:
         """The allow-list, normalised: the registry's own, else ``$ACCEL_PLUGINS``."""
         if self._allowed is not None:
             return self._allowed
         raw = os.environ.get(PLUGINS_ENV, "")
-        return _normalised_set(raw.split(",")) if raw.strip() else None
+        if not raw.strip():
+            return None
+        allowed = _normalised_set(raw.split(","))
+        if not allowed:
+            warnings.warn(
+                f"{PLUGINS_ENV}={raw!r} holds only separators, so it allows no plugin and "
+                f"no third-party plugin loads (the built-ins still do). Name the plugins "
+                f"to load ({PLUGINS_ENV}=accel-vendorx), unset it to load every plugin, or "
+                f"set {DISABLE_AUTOLOAD_ENV}=1 to say you want none.",
+                PluginWarning,
+                stacklevel=4,
+            )
+        return allowed
 
     def load(self, register: Register) -> list[PluginFailure]:
         """Load every allowed entry point of the group into ``register``."""
@@ -74,13 +91,22 @@ class EntryPointLoader:
             if entry_point.name in loaded_names:
                 continue  # the same distribution on sys.path twice
             loaded_names.add(entry_point.name)
+            self.current = (entry_point.name, provider)
             try:
                 loaded = entry_point.load()
                 # An entry point may name a class: accel builds one with no arguments.
                 plugin = loaded() if isinstance(loaded, type) else loaded
                 register(plugin, entry_point.name, provider)
-            except Exception as exc:
+            except KeyboardInterrupt as exc:
+                # Most likely a plugin that hangs at import: say which one.
+                raise KeyboardInterrupt(
+                    f"while loading accel plugin {entry_point.name!r} from {provider}; "
+                    f"if it hangs, {_SKIP_HINT}"
+                ) from exc
+            except BaseException as exc:  # SystemExit too: a plugin never ends the program
                 failures.append(_failure(entry_point.name, provider, exc))
+            finally:
+                self.current = None
         if allowed is not None:
             _warn_unmatched(allowed, found)
         return failures
@@ -104,7 +130,8 @@ def _normalised_set(names: Iterable[str]) -> set[str]:
 
 
 def _failure(name: str, provider: str, exc: BaseException) -> PluginFailure:
-    error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    error = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     conflicting = exc.conflicting_names if isinstance(exc, PluginError) else ()
     warnings.warn(
         f"accel plugin {name!r} from {provider} failed to load and was skipped ({error}); "

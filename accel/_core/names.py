@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
+import warnings
 from collections.abc import Iterable
 from typing import Final
+
+from accel.errors import PluginWarning
 
 __all__ = [
     "ACCELERATOR_ENV",
@@ -17,6 +21,7 @@ __all__ = [
     "PLUGINS_ENV",
     "check_accelerator_name",
     "closest_name",
+    "describe_difference",
     "describe_index_range",
     "env_flag",
     "name_from_environment",
@@ -43,8 +48,14 @@ _DISTRIBUTION_SEPARATORS: Final = re.compile(r"[-_.]+")
 
 
 def normalize_name(name: str) -> str:
-    """The canonical form of an accelerator name: stripped, lower case."""
-    return name.strip().lower()
+    """The canonical form of an accelerator name: NFKC-normalised, stripped, lower case.
+
+    NFKC folds compatibility forms into the letters they stand for, so a full-width
+    ``ｃｐｕ`` (an IME left on) is ``cpu``. Look-alikes from other scripts (a Cyrillic
+    ``р`` in ``cрu``) are different letters and stay so: :func:`describe_difference`
+    points at them.
+    """
+    return unicodedata.normalize("NFKC", name).strip().lower()
 
 
 def normalize_distribution_name(name: str) -> str:
@@ -73,14 +84,15 @@ def parse_accelerator_name(name: object) -> tuple[str, int | None]:
             f"accelerator name must be a str such as 'cpu', 'cuda:1' or 'auto', "
             f"got {type(name).__name__}: {name!r}"
         )
-    text = normalize_name(name)
-    if not text:
+    text = name.strip().lower()
+    if not normalize_name(text):
         raise ValueError(
             f"accelerator name is empty ({name!r}): pass a name such as 'cpu', 'cuda' "
             f"or 'auto', or unset ${ACCELERATOR_ENV}"
         )
     base, sep, index_text = text.partition(":")
-    base = base.strip()
+    # NFKC for the name only: the index stays ASCII digits ('²' is no 2).
+    base = normalize_name(base)
     if not sep:
         return base, None
     index_text = index_text.strip()
@@ -107,12 +119,46 @@ def name_from_environment(name: str | None) -> tuple[str, str]:
     return AUTO, ""
 
 
+# Cyrillic and Greek letters that look like Latin ones, for the "did you mean" hint:
+# 'сpu' (Cyrillic es) was meant to be 'cpu', not 'tpu', though both are one letter off.
+_LOOKALIKES: Final = str.maketrans("асеорхуіјѕԁԛԝοαρνκτ", "aceopxyijsdqwoapvkt")
+
+
 def closest_name(name: str, known: Iterable[str]) -> str | None:
     """The known name ``name`` was most likely meant to be, if one is close."""
     import difflib  # only when a name is wrong: keeps `accel --help` quick
 
-    matches = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    names = list(known)
+    latin = name.translate(_LOOKALIKES)
+    if latin != name and latin in names:
+        return latin
+    matches = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return matches[0] if matches else None
+
+
+def describe_difference(name: str, suggestion: str) -> str:
+    """Which characters of ``name`` differ from ``suggestion``, where that is not plain
+    to see: a non-ASCII look-alike (``'р' (U+0440 CYRILLIC SMALL LETTER ER)``)."""
+    import difflib
+
+    shown: list[str] = []
+    matcher = difflib.SequenceMatcher(a=name, b=suggestion, autojunk=False)
+    for tag, start, end, other_start, other_end in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        for offset, char in enumerate(name[start:end]):
+            if char.isascii():
+                continue
+            theirs = suggestion[other_start + offset] if other_start + offset < other_end else ""
+            where = f" where {suggestion!r} has {theirs!r}" if theirs else ""
+            shown.append(f"{_describe_char(char)} at position {start + offset + 1}{where}")
+    if not shown:
+        return ""
+    return f" {name!r} has {'; '.join(shown)}."
+
+
+def _describe_char(char: str) -> str:
+    return f"{char!r} (U+{ord(char):04X} {unicodedata.name(char, 'unnamed character')})"
 
 
 def describe_index_range(canonical: str, count: int) -> str:
@@ -121,6 +167,28 @@ def describe_index_range(canonical: str, count: int) -> str:
     return f"'{canonical}:0' to '{canonical}:{count - 1}'"
 
 
-def env_flag(name: str) -> bool:
-    """Whether environment variable ``name`` is set to a true value (1, true, yes, on)."""
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+_TRUE_VALUES: Final = ("1", "true", "yes", "on")
+_FALSE_VALUES: Final = ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str, *, false_means: str) -> bool:
+    """Whether environment variable ``name`` is set to a true value (1, true, yes, on).
+
+    Any other value means false; one that is not a recognised false value either
+    (``maybe``) warns, naming the variable, since the user meant *something*.
+
+    :param false_means: what false does, for the warning ("plugins still load").
+    """
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value in _TRUE_VALUES:
+        return True
+    if value not in _FALSE_VALUES:
+        warnings.warn(
+            f"${name}={raw!r} is not a value accel recognises, so it is read as "
+            f"false: {false_means}. Set it to one of {', '.join(_TRUE_VALUES)} for true, "
+            f"or to one of {', '.join(repr(v) for v in _FALSE_VALUES)} for false.",
+            PluginWarning,
+            stacklevel=3,
+        )
+    return False

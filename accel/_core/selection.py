@@ -2,18 +2,27 @@
 
 The only module that knows both the registry's parts (catalog and dispatch) and the
 :class:`~accel.Accelerator` handle, so neither of them imports the other.
+
+Another thread may register or unregister plugins while a selection runs. Selection
+reads the catalog and the hooks together under the registry's lock (a snapshot), and
+probes outside it, so a slow probe never holds up registration; an accelerator that
+leaves during the probe is then passed over (``"auto"``, listing) or reported as
+:class:`~accel.AcceleratorNotFoundError` (selected by name), never as a bare
+``KeyError`` or a failure of an unrelated accelerator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import NoReturn, final
+import threading
+from typing import NamedTuple, NoReturn, final
 
 from accel._core.catalog import Catalog, Registration
-from accel._core.dispatch import Dispatcher
+from accel._core.dispatch import AcceleratorHooks, Dispatcher
 from accel._core.names import (
+    ACCELERATOR_ENV,
     AUTO,
     closest_name,
+    describe_difference,
     name_from_environment,
     normalize_name,
     parse_accelerator_name,
@@ -25,19 +34,37 @@ from accel.types import AcceleratorInfo, Availability, PluginFailure, TieCheck, 
 __all__ = ["Selector"]
 
 
+#: How often ``"auto"`` starts over when its pick leaves the registry under it.
+_AUTO_ATTEMPTS = 10
+
+
+class _Entry(NamedTuple):
+    """One accelerator as a snapshot holds it."""
+
+    registration: Registration
+    hooks: AcceleratorHooks
+    #: The providers disputing its name; empty when undisputed.
+    disputed: tuple[str, ...]
+
+
 @final
 class Selector:
     """Selection over one registry's catalog, dispatcher and load failures (it owns
-    none of them: the registry does, and changes them under its lock)."""
+    none of them: the registry does, and changes them under ``lock``)."""
 
-    __slots__ = ("_catalog", "_dispatcher", "_failures")
+    __slots__ = ("_catalog", "_dispatcher", "_failures", "_lock")
 
     def __init__(
-        self, catalog: Catalog, dispatcher: Dispatcher, failures: list[PluginFailure]
+        self,
+        catalog: Catalog,
+        dispatcher: Dispatcher,
+        failures: list[PluginFailure],
+        lock: threading.RLock,
     ) -> None:
         self._catalog = catalog
         self._dispatcher = dispatcher
         self._failures = failures
+        self._lock = lock
 
     def select(self, name: str | None, tie_check: TieCheck) -> Accelerator:
         """The handle for ``name`` (see :meth:`accel.AcceleratorRegistry.get_accelerator`)."""
@@ -47,32 +74,61 @@ class Selector:
             base, index = parse_accelerator_name(name)
         except ValueError as exc:
             if source:
-                raise ValueError(f"{exc} (read from{source.removeprefix(' in')})") from None
+                raise ValueError(f"{exc} (read from ${ACCELERATOR_ENV})") from None
             raise
         if base == AUTO:
             if index is not None:
                 raise ValueError(
-                    f"'auto' takes no device index (got {name!r}); ask for a named "
+                    f"'auto' takes no device index (got {name!r}{source}); ask for a named "
                     f"accelerator such as 'cuda:{index}' instead"
                 )
-            registration = self._select_auto()
-        else:
-            registration = self._resolve(base, name, source)
-        hooks = self._dispatcher.hooks(registration.spec.name)
-        device = hooks.device(index, requested=name, source=source)
+            return self._select_auto(source, tie_check)
+        entry = self._resolve(base, name, source)
+        device = entry.hooks.device(index, requested=name, source=source)
         return Accelerator(
-            hooks, registration.spec, index=index, device=device, tie_check=tie_check
+            entry.hooks, entry.registration.spec, index=index, device=device, tie_check=tie_check
         )
 
-    def _resolve(self, base: str, requested: str, source: str) -> Registration:
-        if self._catalog.disputed_by(base):
-            raise self._catalog.dispute_error(base, requested, source)
-        candidates = self._catalog.candidates(base)
-        if not candidates:
-            known = sorted({*self._catalog.names(), AUTO})
+    # -- snapshots: read under the lock, probed outside it ----------------------------
+
+    def _entry(self, registration: Registration) -> _Entry | None:
+        """Call with the lock held."""
+        name = registration.spec.name
+        try:
+            hooks = self._dispatcher.hooks(name)
+        except AcceleratorNotFoundError:  # leaving: its hooks are gone already
+            return None
+        return _Entry(registration, hooks, self._catalog.disputed_by(name))
+
+    def _ranked(self) -> list[_Entry]:
+        with self._lock:
+            entries = [self._entry(r) for r in self._catalog.ranked()]
+        return [entry for entry in entries if entry is not None]
+
+    def _still_registered(self, entry: _Entry) -> bool:
+        with self._lock:
+            return self._catalog.get(entry.registration.spec.name) is entry.registration
+
+    # -- by name ----------------------------------------------------------------------
+
+    def _resolve(self, base: str, requested: str, source: str) -> _Entry:
+        with self._lock:
+            candidates = self._catalog.candidates(base)
+            # A name is disputed, and so is every alias of a disputed name.
+            disputed = [base] if self._catalog.disputed_by(base) else []
+            disputed += [r.spec.name for r in candidates if self._catalog.disputed_by(r.spec.name)]
+            if disputed:
+                raise self._catalog.dispute_error(disputed[0], requested, source)
+            entries = [e for e in map(self._entry, candidates) if e is not None]
+            # Only an unknown name needs these (the message lists them).
+            known = [] if entries else sorted({*self._catalog.names(), AUTO})
+            failures = [] if entries else list(self._failures)
+        if not entries:
             suggestion = closest_name(base, known)
-            hint = f" Did you mean {suggestion!r}?" if suggestion else ""
-            if any(normalize_name(f.name) == base for f in self._failures):
+            hint = ""
+            if suggestion:
+                hint = f" Did you mean {suggestion!r}?{describe_difference(base, suggestion)}"
+            if any(normalize_name(f.name) == base for f in failures):
                 hint += f" A plugin named {base!r} is installed but failed to load; see accel list."
             raise AcceleratorNotFoundError(
                 f"unknown accelerator {requested!r}{source}.{hint} Known names: "
@@ -82,21 +138,22 @@ class Selector:
                 suggestion=suggestion,
             )
         # A shared alias ("gpu"): the best available of its accelerators.
-        ranked = sorted(candidates, key=lambda r: (-r.spec.priority, r.spec.name))
-        for registration in ranked:
-            if self._dispatcher.hooks(registration.spec.name).availability().available:
-                return registration
-        first, *others = (registration.spec.name for registration in ranked)
-        self._raise_unavailable(first, requested, source, others)
+        entries.sort(key=lambda e: (-e.registration.spec.priority, e.registration.spec.name))
+        probed = [(entry, entry.hooks.availability()) for entry in entries]
+        for entry, availability in probed:
+            if availability.available:
+                return entry
+        self._raise_unavailable(requested, source, probed)
 
     def _raise_unavailable(
-        self, canonical: str, requested: str, source: str, also: Iterable[str]
+        self, requested: str, source: str, probed: list[tuple[_Entry, Availability]]
     ) -> NoReturn:
-        availability = self._dispatcher.hooks(canonical).availability()
+        (first, availability), *others = probed
+        canonical = first.registration.spec.name
         remedy = f" To use it: {availability.remedy}." if availability.remedy else ""
         alternatives = "".join(
-            f" {other!r} is not available either: {self._availability(other).reason}."
-            for other in also
+            f" {other.registration.spec.name!r} is not available either: {why.reason}."
+            for other, why in others
         )
         raise AcceleratorUnavailableError(
             f"accelerator {canonical!r} (asked for as {requested!r}{source}) is not available: "
@@ -106,31 +163,53 @@ class Selector:
             reason=availability.reason,
         )
 
-    def _availability(self, canonical: str) -> Availability:
-        return self._dispatcher.hooks(canonical).availability()
+    # -- "auto" -----------------------------------------------------------------------
 
-    def _select_auto(self) -> Registration:
+    def _select_auto(self, source: str, tie_check: TieCheck) -> Accelerator:
         """The first available accelerator that ``"auto"`` may pick, in the catalog's
-        ranking: highest priority, then canonical name. A disputed name is never picked."""
-        for registration in self._catalog.ranked():
-            if self._catalog.disputed_by(registration.spec.name):
-                continue
-            availability = self._dispatcher.hooks(registration.spec.name).availability()
-            if availability.available and availability.auto:
-                return registration
+        ranking: highest priority, then canonical name. A disputed name is never picked,
+        nor one whose probing raises (its reason is in ``accel list``)."""
+        for _ in range(_AUTO_ATTEMPTS):
+            for entry in self._ranked():
+                if entry.disputed or not _auto_may_pick(entry.hooks):
+                    continue
+                try:
+                    device = entry.hooks.device(None, requested=AUTO, source=source)
+                except AcceleratorNotFoundError:
+                    if self._still_registered(entry):
+                        raise
+                    break  # it left while being selected: rank again without it
+                return Accelerator(
+                    entry.hooks,
+                    entry.registration.spec,
+                    index=None,
+                    device=device,
+                    tie_check=tie_check,
+                )
+            else:
+                break
         rows = self.rows()
         reasons = "; ".join(f"{row.name}: {row.reason or 'not chosen by auto'}" for row in rows)
         raise AcceleratorUnavailableError(
-            f"'auto' found no available accelerator ({reasons or 'none is registered'}). "
+            f"'auto'{source} found no available accelerator "
+            f"({reasons or 'none is registered'}). "
             f"Register the built-in plugins (builtins=True) or install a plugin.",
             accelerator=AUTO,
             reason="none available",
         )
 
+    # -- listing ----------------------------------------------------------------------
+
     def rows(self) -> list[AcceleratorInfo]:
-        """One row per accelerator in ``"auto"`` order, then one per failed plugin."""
-        rows = [self._row(registration) for registration in self._catalog.ranked()]
-        rows.extend(
+        """One row per accelerator in ``"auto"`` order, then one per failed plugin.
+
+        An accelerator unregistered while it is being listed is left out.
+        """
+        rows = [(entry, self._row(entry)) for entry in self._ranked()]
+        listed = [row for entry, row in rows if self._still_registered(entry)]
+        with self._lock:
+            failures = list(self._failures)
+        listed.extend(
             AcceleratorInfo(
                 name=failure.name,
                 aliases=(),
@@ -143,14 +222,13 @@ class Selector:
                 remedy="fix or uninstall the plugin's distribution",
                 auto=False,
             )
-            for failure in self._failures
+            for failure in failures
         )
-        return rows
+        return listed
 
-    def _row(self, registration: Registration) -> AcceleratorInfo:
+    def _row(self, entry: _Entry) -> AcceleratorInfo:
+        registration, hooks, disputed = entry
         spec = registration.spec
-        hooks = self._dispatcher.hooks(spec.name)
-        disputed = self._catalog.disputed_by(spec.name)
         availability = (
             Availability(False, reason=f"its name is claimed by {', '.join(disputed)}", auto=False)
             if disputed
@@ -165,7 +243,7 @@ class Selector:
                 count = hooks.device_count()
             except Exception as exc:
                 count_failed = True
-                reason = f"device_count failed: {type(exc).__name__}: {exc}"
+                reason = _count_failed(exc)
         return AcceleratorInfo(
             name=spec.name,
             aliases=spec.aliases,
@@ -178,3 +256,19 @@ class Selector:
             remedy=availability.remedy if not availability.available else "",
             auto=availability.auto,
         )
+
+
+def _auto_may_pick(hooks: AcceleratorHooks) -> bool:
+    """Available, open to ``"auto"``, and its device count can be read."""
+    availability = hooks.availability()
+    if not (availability.available and availability.auto):
+        return False
+    try:
+        hooks.device_count()
+    except Exception:  # listed with the reason (_count_failed) by accel list
+        return False
+    return True
+
+
+def _count_failed(exc: Exception) -> str:
+    return f"device_count failed: {type(exc).__name__}: {exc}"

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -102,10 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             # torch warns at import when numpy is missing; accel's commands never need it.
             warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
             return run(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if args.debug:
             raise
-        print("accel: interrupted", file=sys.stderr)
+        # Interrupted while a plugin was loading, the message names that plugin.
+        detail = f" {_one_line(exc).removeprefix('KeyboardInterrupt: ')}" if str(exc) else ""
+        print(f"accel: interrupted{detail}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # `accel info | head -1`: the reader left. Say nothing, and keep Python's
@@ -159,11 +161,38 @@ def _print_table(rows: list[list[str]]) -> None:
         )
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr(enabled: bool) -> Iterator[None]:
+    """Send what is written to stdout inside to stderr, so that JSON output stays JSON
+    when a plugin prints while it loads or probes. Moves file descriptor 1 as well
+    where stdout is the process's own, for output from C code and subprocesses."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved: int | None = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if sys.stdout.fileno() == 1 and sys.stderr.fileno() == 2:
+            saved = os.dup(1)
+            os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            # What a plugin wrote straight to sys.__stdout__ still belongs on stderr.
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                sys.__stdout__.flush()  # type: ignore[union-attr]
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     import accel
 
-    infos = accel.list_accelerators()
-    _warn_about_the_default()
+    with _stdout_to_stderr(args.json):
+        infos = accel.list_accelerators()
+        _warn_about_the_default()
     if args.json:
         print(json.dumps([asdict(info) for info in infos], indent=2))
         return EXIT_OK
@@ -228,37 +257,9 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def _memory(device: Any) -> dict[str, int] | None:
-    import torch
-
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return {"free_bytes": int(free), "total_bytes": int(total)}
-    if device.type == "xla":
-        import torch_xla.core.xla_model as xm
-
-        info = xm.get_memory_info(device)
-        return {k: int(v) for k, v in info.items() if isinstance(v, int)}
-    return None
-
-
 def _cmd_info(args: argparse.Namespace) -> int:
-    import accel
-
-    acc = accel.get_accelerator(args.name)
-    report: dict[str, Any] = {
-        "accelerator": acc.name,
-        "description": acc.spec.description,
-        "device": str(acc.device),
-        "device_count": acc.device_count(),
-        "distributed_backend": acc.distributed_backend,
-    }
-    try:
-        report["memory"] = _memory(acc.device)
-    except Exception as exc:  # memory figures are a nicety, never a failure
-        report["memory"] = f"not reported ({_one_line(exc)})"
-    report["versions"] = _versions()
-    report["problems"] = _problems()
+    with _stdout_to_stderr(args.json):
+        report = _info_report(args.name)
     if args.json:
         print(json.dumps(report, indent=2))
         return EXIT_OK
@@ -273,6 +274,27 @@ def _cmd_info(args: argparse.Namespace) -> int:
         else:
             print(f"{key}: {value if value is not None else '-'}")
     return EXIT_OK
+
+
+def _info_report(name: str | None) -> dict[str, Any]:
+    import accel
+
+    acc = accel.get_accelerator(name)
+    report: dict[str, Any] = {
+        "accelerator": acc.name,
+        "description": acc.spec.description,
+        "device": str(acc.device),
+        "device_count": acc.device_count(),
+        "distributed_backend": acc.distributed_backend,
+    }
+    try:
+        # The accelerator's own memory_stats hook: a plugin's figures show here too.
+        report["memory"] = dict(acc.memory_stats())
+    except Exception as exc:  # memory figures are a nicety, never a failure
+        report["memory"] = f"not reported ({_one_line(exc)})"
+    report["versions"] = _versions()
+    report["problems"] = _problems()
+    return report
 
 
 def _problems() -> list[str]:
@@ -318,6 +340,7 @@ def _load_factory(spec: str) -> Callable[[], Any]:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     import accel
+    from accel.tools.demo import report_ties
     from accel.tying import count_unique_parameters, find_tied_parameters
 
     if "" not in sys.path:
@@ -344,11 +367,5 @@ def _cmd_check(args: argparse.Namespace) -> int:
     except accel.WeightTyingError as exc:
         print(f"validation FAILED:\n{exc}")
         return EXIT_CHECK_FAILED
-    after = count_unique_parameters(model)
-    held = [group.is_tied() for group in groups]
-    for group, ok in zip(groups, held, strict=True):
-        print(f"  {'held  ' if ok else 'BROKEN'} {', '.join(group.names)}")
-    print(f"unique parameters: before {before}, after {after}")
-    passed = all(held) and before == after
-    print(f"result: {'every tie held' if passed else 'ties came apart'}")
+    passed = report_ties(groups, before, count_unique_parameters(model))
     return EXIT_OK if passed else EXIT_CHECK_FAILED

@@ -17,12 +17,15 @@ from typing import TYPE_CHECKING
 from accel._core.notes import add_note
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
     from torch import nn
 
     from accel.registry import AcceleratorRegistry
+    from accel.tying import TiedGroup
 
-__all__ = ["DemoReport", "build_tied_language_model", "run_demo"]
+__all__ = ["DemoReport", "build_tied_language_model", "report_ties", "run_demo"]
 
 _UNTIMED_STEPS = 2
 
@@ -93,10 +96,7 @@ def run_demo(
 
     echo(f"accelerator: {chosen.name} ({chosen.spec.description})")
     echo(f"device: {chosen.device}")
-    echo(f"unique parameters: before move {count_before}, after move {count_after}")
-    for group in groups:
-        echo(f"tied group: {', '.join(group.names)}: {'held' if group.is_tied() else 'BROKEN'}")
-    echo(f"every tie held: {'yes' if ties_held and count_before == count_after else 'NO'}")
+    report_ties(groups, count_before, count_after, echo)
 
     loader = _demo_loader()
     loss_fn = nn.CrossEntropyLoss()
@@ -123,7 +123,7 @@ def run_demo(
             echo(f"step {step:3d}  loss {value:.4f}")
     echo(
         f"time per step: {seconds_per_step * 1e3:.2f} ms"
-        + (f" (after the first {_UNTIMED_STEPS}, where XLA compiles)" if steps > 2 else "")
+        + (_untimed_note(chosen.device.type == "xla") if steps > _UNTIMED_STEPS else "")
     )
     if chosen.device.type == "xla":
         echo(f"XLA graphs compiled: {_xla_graphs_compiled()} (the same for any --steps)")
@@ -139,6 +139,29 @@ def run_demo(
         losses=losses,
         seconds_per_step=seconds_per_step,
     )
+
+
+def report_ties(
+    groups: Sequence[TiedGroup],
+    count_before: int,
+    count_after: int,
+    echo: Callable[[str], None] = print,
+) -> bool:
+    """Say whether each tied group and the unique-parameter count survived a move;
+    return whether everything held. The demo and ``accel check`` both report this way.
+
+    :param groups: the groups found before the move (:func:`accel.tying.find_tied_parameters`).
+    """
+    echo(f"unique parameters: before move {count_before}, after move {count_after}")
+    for group in groups:
+        echo(f"tied group: {', '.join(group.names)}: {'held' if group.is_tied() else 'BROKEN'}")
+    held = all(group.is_tied() for group in groups) and count_before == count_after
+    echo(f"every tie held: {'yes' if held else 'NO'}")
+    return held
+
+
+def _untimed_note(xla: bool) -> str:
+    return f" (after the first {_UNTIMED_STEPS}{', where XLA compiles' if xla else ''})"
 
 
 def _demo_loader() -> list[dict[str, torch.Tensor]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -191,3 +193,73 @@ def test_a_batch_plugin_registered_after_first_use_is_reached() -> None:
 
     registry.register(Tagging())
     assert acc.batch_to_device(batch)["tagged"] is True
+
+
+# -- registry changes while selecting ------------------------------------------------
+
+STRESS_SECONDS = 4.0
+
+
+def test_register_and_unregister_while_other_threads_select_raise_only_accels_errors() -> None:
+    """One thread registers and unregisters 'npu' (priority above the CPU, with an alias)
+    as fast as it can; others select and list meanwhile. 'cpu', 'auto' and listing
+    must always work (npu leaving is none of their business); 'npu' and its alias
+    may be there or not, but only accel's documented errors say so."""
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.names()  # loaded before the race starts
+    stop = threading.Event()
+    problems: list[str] = []
+
+    def churn() -> None:
+        while not stop.is_set():
+            plugin = FakeAccelerator("npu", aliases=("ascend",), priority=50)
+            registry.register(plugin)
+            registry.unregister(plugin)
+
+    def select(name: str, may_be_missing: bool) -> None:
+        while not stop.is_set():
+            try:
+                chosen = registry.get_accelerator(name).name
+                if name in ("cpu", "auto") and chosen not in ("cpu", "npu"):
+                    problems.append(f"{name!r} selected {chosen!r}")
+            except (accel.AcceleratorNotFoundError, accel.AcceleratorUnavailableError) as exc:
+                if not may_be_missing:
+                    problems.append(f"{name!r}: {type(exc).__name__}: {exc}")
+            except Exception as exc:
+                problems.append(f"{name!r}: {type(exc).__name__}: {exc!r}")
+            if problems:
+                stop.set()
+
+    def listing() -> None:
+        while not stop.is_set():
+            try:
+                names = [info.name for info in registry.list_accelerators()]
+                if "cpu" not in names:
+                    problems.append(f"listing lacks the CPU: {names}")
+                registry.names()
+            except Exception as exc:
+                problems.append(f"listing: {type(exc).__name__}: {exc!r}")
+            if problems:
+                stop.set()
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often, so interleavings happen
+    threads = [
+        threading.Thread(target=churn),
+        threading.Thread(target=select, args=("cpu", False)),
+        threading.Thread(target=select, args=("auto", False)),
+        threading.Thread(target=select, args=("npu", True)),
+        threading.Thread(target=select, args=("ascend", True)),
+        threading.Thread(target=listing),
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        stop.wait(timeout=STRESS_SECONDS)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+        sys.setswitchinterval(before)
+    assert not any(thread.is_alive() for thread in threads)
+    assert problems == []

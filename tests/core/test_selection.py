@@ -298,3 +298,68 @@ def test_auto_and_the_listing_do_not_depend_on_install_order(
     assert registry.get_accelerator("auto").name == "alpha"
     names = [info.name for info in registry.list_accelerators()]
     assert [name for name in names if name in ("alpha", "beta")] == ["alpha", "beta"]
+
+
+# -- Unicode names -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["\uff43\uff50\uff55", "\uff23\uff30\uff35", "ｃpu "])
+def test_full_width_names_are_the_letters_they_stand_for(
+    registry: accel.AcceleratorRegistry, name: str
+) -> None:
+    assert registry.get_accelerator(name).name == "cpu"
+
+
+def test_a_spec_name_in_full_width_is_normalised_too() -> None:
+    assert accel.AcceleratorSpec("\uff4e\uff50\uff55").name == "npu"
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("c\u0440u", "'р' (U+0440 CYRILLIC SMALL LETTER ER) at position 2 where 'cpu' has 'p'"),
+        ("\u0441pu", "'с' (U+0441 CYRILLIC SMALL LETTER ES) at position 1 where 'cpu' has 'c'"),
+        ("t\u03c1u", "'ρ' (U+03C1 GREEK SMALL LETTER RHO) at position 2 where 'tpu' has 'p'"),
+    ],
+)
+def test_a_look_alike_character_is_pointed_at(
+    registry: accel.AcceleratorRegistry, name: str, shown: str
+) -> None:
+    with pytest.raises(accel.AcceleratorNotFoundError) as info:
+        registry.get_accelerator(name)
+    assert f"{name!r} has {shown}." in str(info.value)
+
+
+def test_a_plain_typo_gets_no_character_note(registry: accel.AcceleratorRegistry) -> None:
+    with pytest.raises(accel.AcceleratorNotFoundError) as info:
+        registry.get_accelerator("cpuu")
+    assert "Did you mean 'cpu'? Known names" in str(info.value)
+
+
+def test_a_superscript_index_stays_an_error(registry: accel.AcceleratorRegistry) -> None:
+    with pytest.raises(ValueError, match="bad device index"):
+        registry.get_accelerator("cpu:\u00b2")  # NFKC would make it '2'
+
+
+def test_auto_with_an_index_from_the_environment_names_the_variable(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCEL_ACCELERATOR", "auto:0")
+    with pytest.raises(ValueError, match=r"\(got 'auto:0' in \$ACCEL_ACCELERATOR\)"):
+        registry.get_accelerator()
+
+
+def test_auto_passes_over_a_plugin_whose_device_count_raises() -> None:
+    class Flaky(FakeAccelerator):
+        @accel.hookimpl
+        def device_count(self) -> int:
+            raise OSError("smi gone")
+
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(Flaky("npu", priority=500))
+    registry.register(FakeAccelerator("second", priority=400))
+    assert registry.get_accelerator("auto").name == "second"
+    rows = {row.name: row for row in registry.list_accelerators()}
+    assert rows["npu"].reason == "device_count failed: OSError: smi gone"
+    with pytest.raises(OSError, match="smi gone"):
+        registry.get_accelerator("npu")  # by name: the plugin's own error

@@ -13,6 +13,8 @@ import importlib.util
 import io
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,9 +28,11 @@ from helpers.doc_blocks import (
     Block,
     chains,
     doc_pages,
+    masked,
     output_matches,
     parse_page,
     pycon_examples,
+    sample_command,
 )
 from helpers.models import TiedLM
 
@@ -209,3 +213,40 @@ def _run_pycon(block: Block, namespace: Namespace) -> None:
 
 def _public_type_name(cls: type) -> str:
     return next(k.__name__ for k in cls.__mro__ if not k.__name__.startswith("_"))
+
+
+# -- sample outputs -------------------------------------------------------------------
+
+
+def _output_params() -> list[Any]:
+    params = []
+    for path in doc_pages():
+        for block in parse_page(path).blocks:
+            if block.output:
+                marks = [pytest.mark.xla] if block.xla else []
+                params.append(pytest.param(block, id=block.where, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("block", _output_params())
+def test_sample_output_is_what_the_command_prints(block: Block) -> None:
+    """A ``$ accel ...`` sample is what that command prints here, in a fresh process:
+    stderr (warnings) first, then stdout, as a terminal shows them."""
+    environment, arguments, shown = sample_command(block)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "PJRT_"))}
+    if block.no_plugins:
+        env["ACCEL_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env.update(environment)
+    result = subprocess.run(
+        [sys.executable, "-m", "accel", *arguments],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+        check=False,
+    )
+    got = result.stderr + result.stdout
+    assert output_matches(masked(shown, block.vary), got), (
+        f"{block.where}: the page shows:\n{shown}\n`accel {' '.join(arguments)}` prints:\n{got}"
+    )

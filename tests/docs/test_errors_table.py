@@ -13,6 +13,8 @@ import importlib.metadata
 import importlib.util
 import re
 import sys
+import tempfile
+import textwrap
 import types
 import warnings
 from collections.abc import Callable
@@ -30,6 +32,7 @@ import accel.distributed
 from accel.distributed import DistributedSetupError
 from accel.plugins import tpu
 from helpers.fakes import MetaTpuPlugin
+from helpers.installing import write_distribution
 from helpers.models import TiedLM, UntiesOnPurpose
 from helpers.registries import isolated_registry
 
@@ -232,6 +235,18 @@ def _name_typo(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("cdua")
 
 
+@case("name-lookalike", accel.AcceleratorNotFoundError)
+def _name_lookalike(mp: pytest.MonkeyPatch) -> object:
+    return isolated_registry().get_accelerator("c\u0440u")  # a Cyrillic er in the middle
+
+
+@case("name-full-width", None)
+def _name_full_width(mp: pytest.MonkeyPatch) -> object:
+    acc = isolated_registry().get_accelerator("\uff43\uff50\uff55")  # NFKC: the letters 'cpu'
+    assert acc.name == "cpu"
+    return acc
+
+
 @case("name-empty", ValueError)
 def _name_empty(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("")
@@ -371,13 +386,35 @@ def _env_plugins_unknown(mp: pytest.MonkeyPatch) -> object:
     return None
 
 
-@case("env-autoload-bad-value", None)
+@case("env-autoload-bad-value", accel.PluginWarning)
 def _env_autoload_bad_value(mp: pytest.MonkeyPatch) -> object:
     mp.setenv("ACCEL_DISABLE_PLUGIN_AUTOLOAD", "1")
     assert "fake" not in _entry_point_registry(mp, _fake_entry_point()).names()
     mp.setenv("ACCEL_DISABLE_PLUGIN_AUTOLOAD", "maybe")
-    assert "fake" in _entry_point_registry(mp, _fake_entry_point()).names()
+    assert "fake" in _entry_point_registry(mp, _fake_entry_point()).names()  # and warns
     return None
+
+
+@case("env-autoload-off", None)
+def _env_autoload_off(mp: pytest.MonkeyPatch) -> object:
+    for value in ("0", "false", "No", " off ", ""):
+        mp.setenv("ACCEL_DISABLE_PLUGIN_AUTOLOAD", value)
+        assert "fake" in _entry_point_registry(mp, _fake_entry_point()).names()
+    return None
+
+
+@case("env-plugins-separators", accel.PluginWarning)
+def _env_plugins_separators(mp: pytest.MonkeyPatch) -> object:
+    mp.setenv("ACCEL_PLUGINS", " , ")
+    names = _entry_point_registry(mp, _fake_entry_point()).names()
+    assert "fake" not in names and "cpu" in names
+    return names
+
+
+@case("env-auto-index", ValueError)
+def _env_auto_index(mp: pytest.MonkeyPatch) -> object:
+    mp.setenv("ACCEL_ACCELERATOR", "auto:0")
+    return isolated_registry().get_accelerator()
 
 
 # Arguments -----------------------------------------------------------------------
@@ -744,6 +781,105 @@ def _plugin_entry_point_broken(mp: pytest.MonkeyPatch) -> object:
         assert "fake" in registry.names()  # the others still load
         info = _listed(registry, "broken")
         assert not info.available and "ModuleNotFoundError" in info.reason
+
+
+def _module_entry_point(
+    mp: pytest.MonkeyPatch, name: str, source: str
+) -> importlib.metadata.EntryPoint:
+    """An entry point loading a module of ``source``, written to a new directory on sys.path."""
+    module = f"accel_errors_table_{name}"
+    root = Path(tempfile.mkdtemp(prefix="accel-errors-table-"))
+    (root / f"{module}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+    mp.syspath_prepend(str(root))
+    return importlib.metadata.EntryPoint(name, module, ENTRY_POINT_GROUP)
+
+
+@case("plugin-entry-point-exits", accel.PluginWarning)
+def _plugin_entry_point_exits(mp: pytest.MonkeyPatch) -> object:
+    exits = _module_entry_point(mp, "exits", "import sys\nsys.exit(3)\n")
+    registry = _entry_point_registry(mp, exits, _fake_entry_point())
+    names = registry.names()  # no SystemExit: the program goes on
+    assert "fake" in names
+    assert [f.error for f in registry.plugin_failures()] == ["SystemExit: 3"]
+    return names
+
+
+@case("plugin-entry-point-reentrant", accel.PluginWarning)
+def _plugin_entry_point_reentrant(mp: pytest.MonkeyPatch) -> object:
+    reentrant = _module_entry_point(
+        mp,
+        "reentrant",
+        """
+        import accel
+        accel.get_accelerator("cpu")  # the registry that is loading this very plugin
+        """,
+    )
+    registry = _entry_point_registry(mp, reentrant, _fake_entry_point())
+    mp.setattr(accel, "_default_registry", registry)
+    names = registry.names()
+    assert {"cpu", "fake"} <= set(names)  # loaded once, whole
+    (failure,) = registry.plugin_failures()
+    assert failure.name == "reentrant" and "claimed twice" not in failure.error
+    return names
+
+
+@case("plugin-entry-point-interrupted", KeyboardInterrupt)
+def _plugin_entry_point_interrupted(mp: pytest.MonkeyPatch) -> object:
+    # The Ctrl-C a user presses while a plugin hangs at import.
+    hangs = _module_entry_point(mp, "hangs", "raise KeyboardInterrupt\n")
+    registry = _entry_point_registry(mp, hangs)
+    try:
+        return registry.names()
+    finally:
+        mp.undo()  # the next use of the registry starts afresh: no half-loaded state
+        assert registry.names().count("cpu") == 1 and registry.plugin_failures() == []
+
+
+@case("plugin-entry-point-alias-of-disputed", accel.PluginError)
+def _plugin_entry_point_alias_of_disputed(mp: pytest.MonkeyPatch) -> object:
+    group = "accel-errors-table-vendorx"
+    root = Path(tempfile.mkdtemp(prefix="accel-errors-table-"))
+    for letter in "ab":
+        module = f"accel_errors_table_vendorx_{letter}"
+        write_distribution(
+            root,
+            f"accel-vendorx-{letter}",
+            group=group,
+            entry_points={f"vendorx-{letter}": module},
+            modules={
+                module: textwrap.dedent(
+                    """
+                    import accel
+
+                    @accel.hookimpl
+                    def register_accelerators():
+                        return [accel.AcceleratorSpec("vendorx", aliases=("vx",))]
+
+                    @accel.hookimpl
+                    def is_available():
+                        return accel.Availability(True)
+                    """
+                )
+            },
+        )
+    mp.syspath_prepend(str(root))
+    registry = accel.AcceleratorRegistry(entry_points=group)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", accel.PluginWarning)  # the second one is kept out
+        with pytest.raises(accel.PluginError, match="claimed by 2 installed plugins"):
+            registry.get_accelerator("vendorx")
+    return registry.get_accelerator("vx")
+
+
+@case("plugin-count-raises-auto", None)
+def _plugin_count_raises_auto(mp: pytest.MonkeyPatch) -> object:
+    flaky = _plugin(
+        register_accelerators=lambda self: [accel.AcceleratorSpec("npu", priority=99)],
+        device_count=lambda self: _raise(OSError("smi gone")),
+    )
+    acc = isolated_registry(flaky).get_accelerator("auto")
+    assert acc.name == "cpu"  # npu ranks first, but cannot count its devices
+    return acc
 
 
 @case("plugin-entry-point-broken-selected", accel.AcceleratorNotFoundError)

@@ -7,9 +7,13 @@ says how the block is tested::
     <!-- doc-test: skip (needs two CUDA GPUs) -->
     <!-- doc-test: given model, optimizer -->
     <!-- doc-test: xla; continue; given xla_device -->
+    <!-- doc-test: output; vary (time per step) -->
 
 Blocks tagged ``python`` or ``pycon`` run (in the main tier unless marked ``xla``);
 every fenced block must name its language, so that no Python slips through untagged.
+A ``text`` block marked ``output`` is a sample of what a ``$ accel ...`` command prints:
+the test runs that command and compares (numbers on lines starting with a ``vary``
+prefix may differ; ``output (no plugins)`` runs it as on a fresh install).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$"
 _DIRECTIVE = re.compile(r"^\s*<!--\s*doc-test\s*:(?P<body>.*?)-->\s*$")
 _SNIPPET = re.compile(r'^\s*--8<--\s+"(?P<path>[^"]+)"\s*$')
 _SKIP = re.compile(r"^skip\s*\((?P<reason>.*)\)$")
+_OUTPUT = re.compile(r"^output(\s*\((?P<how>[^)]*)\))?$")
+_VARY = re.compile(r"^vary\s*\((?P<prefix>[^)]+)\)$")
+_NUMBER = re.compile(r"\d+(\.\d+)?")
 
 
 def display(path: Path) -> str:
@@ -49,6 +56,12 @@ class Block:
     xla: bool = False
     continues: bool = False
     givens: list[str] = field(default_factory=list)
+    #: A sample of a command's output, checked by running it (``output`` directive).
+    output: bool = False
+    #: ``output (no plugins)``: run with third-party plugins off, as on a fresh install.
+    no_plugins: bool = False
+    #: Prefixes of output lines whose numbers differ from run to run (times).
+    vary: list[str] = field(default_factory=list)
 
     @property
     def where(self) -> str:
@@ -89,7 +102,9 @@ def parse_page(path: Path) -> Page:
             block = Block(path, index + 1, language, _expand_snippets(body, problems, name))
             if pending:
                 _apply(pending[1], block, problems, f"{name}:{pending[0]}")
-                if language not in RUNNABLE:
+                if block.output and language != "text":
+                    problems.append(f"{name}:{pending[0]}: 'output' on a {language!r} block")
+                elif language not in RUNNABLE and not block.output:
                     problems.append(f"{name}:{pending[0]}: directive on a {language!r} block")
             pending = None
             blocks.append(block)
@@ -147,6 +162,13 @@ def _apply(body: str, block: Block, problems: list[str], where: str) -> None:
             if not skip["reason"].strip():
                 problems.append(f"{where}: 'skip' needs a reason: skip (why)")
             block.skip = skip["reason"].strip()
+        elif output := _OUTPUT.match(part):
+            how = output["how"]
+            if how not in (None, "no plugins"):
+                problems.append(f"{where}: 'output' takes nothing or (no plugins), not {how!r}")
+            block.output, block.no_plugins = True, how == "no plugins"
+        elif vary := _VARY.match(part):
+            block.vary.append(vary["prefix"].strip())
         elif part == "xla":
             block.xla = True
         elif part == "continue":
@@ -156,7 +178,7 @@ def _apply(body: str, block: Block, problems: list[str], where: str) -> None:
         else:
             problems.append(
                 f"{where}: unknown doc-test directive {part!r}; use skip (reason), xla, "
-                f"continue or given NAME, ..."
+                f"continue, given NAME, ..., output or vary (PREFIX)"
             )
 
 
@@ -213,3 +235,30 @@ def output_matches(expected: str, got: str) -> bool:
     pieces = [re.escape(" ".join(piece.split())) for piece in " ".join(lines).split("...")]
     pattern = r"\s*.*?\s*".join(pieces)
     return re.fullmatch(pattern, " ".join(got.split()), flags=re.DOTALL) is not None
+
+
+def sample_command(block: Block) -> tuple[dict[str, str], list[str], str]:
+    """An ``output`` block's command: (environment it sets, ``accel`` arguments, the
+    output the page shows). The block's first line is ``$ [VAR=value ...] accel ARGS``."""
+    import shlex
+
+    first, _, shown = block.code.partition("\n")
+    words = shlex.split(first.removeprefix("$ "))
+    if not first.startswith("$ "):
+        raise ValueError(f"{block.where}: an output block starts with '$ accel ...'")
+    environment: dict[str, str] = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+        key, _, value = words.pop(0).partition("=")
+        environment[key] = value
+    if not words or words[0] != "accel":
+        raise ValueError(f"{block.where}: an output block runs 'accel', not {first!r}")
+    return environment, words[1:], shown
+
+
+def masked(shown: str, vary: list[str]) -> str:
+    """``shown`` with the numbers of lines starting with a ``vary`` prefix as ``...``."""
+    lines = [
+        _NUMBER.sub("...", line) if any(line.lstrip().startswith(p) for p in vary) else line
+        for line in shown.splitlines()
+    ]
+    return "\n".join(lines)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -286,7 +287,9 @@ def test_info_cpu_has_what_a_bug_report_needs(cli: Run) -> None:
     assert fields["device"] == "cpu"
     assert fields["device_count"] == str(accel.get_accelerator("cpu").device_count())
     assert fields["distributed_backend"] == "gloo"
-    assert fields["memory"] == "-"  # the CPU backend reports none
+    # The CPU's memory_stats hook: the process's resident memory and the machine's RAM.
+    assert "memory:" in out.splitlines()
+    assert int(fields["allocated_bytes"]) > 0 and int(fields["total_bytes"]) > 0
     assert "versions:" in out.splitlines()
     assert fields["python"] == sys.version.split()[0]
     assert fields["torch"] == importlib.metadata.version("torch")
@@ -329,7 +332,8 @@ def test_info_json(cli: Run) -> None:
         "versions",
         "problems",
     }
-    assert (report["accelerator"], report["device"], report["memory"]) == ("cpu", "cpu", None)
+    assert (report["accelerator"], report["device"]) == ("cpu", "cpu")
+    assert set(report["memory"]) == {"allocated_bytes", "peak_allocated_bytes", "total_bytes"}
     assert isinstance(report["device_count"], int) and report["device_count"] >= 1
     assert set(report["versions"]) == {"python", "accel", "torch", "torch_xla", "pluggy"}
     assert report["versions"]["torch"] == importlib.metadata.version("torch")
@@ -343,14 +347,45 @@ def test_info_through_the_console_script_with_the_environment() -> None:
     assert (report["accelerator"], report["distributed_backend"]) == ("cpu", "gloo")
 
 
-def test_memory_figures_that_fail_are_reported_not_fatal(
-    cli: Run, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def broken_memory(device: Any) -> None:
-        raise RuntimeError("UNIMPLEMENTED: GetAllocatorStats is not supported\nmore detail")
+class _MemoryReportingNpu:
+    """An accelerator plugin with memory figures of its own, or failing to give them."""
 
-    monkeypatch.setattr("accel.tools.cli._memory", broken_memory)
-    code, out, _ = cli("info", "cpu")
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    @accel.hookimpl
+    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+        return [accel.AcceleratorSpec("npu", description="memory test")]
+
+    @accel.hookimpl
+    def is_available(self) -> accel.Availability:
+        return accel.Availability(True)
+
+    @accel.hookimpl
+    def get_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @accel.hookimpl
+    def memory_stats(self) -> dict[str, int | None]:
+        if self.fail:
+            raise RuntimeError("UNIMPLEMENTED: GetAllocatorStats is not supported\nmore detail")
+        return {"allocated_bytes": 7, "peak_allocated_bytes": 11, "total_bytes": 13}
+
+
+def test_info_reports_memory_through_the_memory_stats_hook(cli: Run) -> None:
+    accel.default_registry().register(_MemoryReportingNpu())
+    code, out, _ = cli("info", "npu", "--json")
+    assert code == 0
+    assert json.loads(out)["memory"] == {
+        "allocated_bytes": 7,
+        "peak_allocated_bytes": 11,
+        "total_bytes": 13,
+    }
+
+
+def test_memory_figures_that_fail_are_reported_not_fatal(cli: Run) -> None:
+    accel.default_registry().register(_MemoryReportingNpu(fail=True))
+    code, out, _ = cli("info", "npu")
     assert code == 0
     assert _info_lines(out)["memory"] == (
         "not reported (RuntimeError: UNIMPLEMENTED: GetAllocatorStats is not supported)"
@@ -542,9 +577,9 @@ def test_check_a_tied_model_on_the_cpu(cli: Run, spec: str) -> None:
         "tied groups: 1",
         "  parameters: embed.weight, head.weight",
         "moving to cpu (cpu)",
-        "  held   embed.weight, head.weight",
-        "unique parameters: before 3, after 3",
-        "result: every tie held",
+        "unique parameters: before move 3, after move 3",
+        "tied group: embed.weight, head.weight: held",
+        "every tie held: yes",
     ]
 
 
@@ -552,7 +587,7 @@ def test_check_a_model_without_ties(cli: Run) -> None:
     code, out, _ = cli("check", f"{FACTORIES}:untied_model", "-a", "cpu")
     assert code == 0
     assert "tied groups: 0" in out
-    assert out.splitlines()[-1] == "result: every tie held"
+    assert out.splitlines()[-1] == "every tie held: yes"
 
 
 def test_check_uses_the_environment_for_the_accelerator(
@@ -618,8 +653,8 @@ def test_check_on_meta_tpu_reties_a_tied_model(cli: Run, default_is_meta_tpu: An
     code, out, _ = cli("check", f"{FACTORIES}:tied_model", "-a", "tpu")
     assert code == 0
     assert "moving to meta (tpu)" in out
-    assert "  held   embed.weight, head.weight" in out
-    assert "unique parameters: before 3, after 3" in out
+    assert "tied group: embed.weight, head.weight: held" in out
+    assert "unique parameters: before move 3, after move 3" in out
 
 
 def test_check_on_meta_tpu_fails_validation_when_tie_weights_unties(
@@ -630,7 +665,7 @@ def test_check_on_meta_tpu_fails_validation_when_tie_weights_unties(
     assert "tied groups: 1" in out
     assert "validation FAILED:" in out
     assert "Layer count: [Before: 3 After: 4]" in out
-    assert "result: every tie held" not in out
+    assert "every tie held: yes" not in out
 
 
 def test_check_keeps_the_ties_tie_weights_would_break_when_validation_is_off(
@@ -639,9 +674,9 @@ def test_check_keeps_the_ties_tie_weights_would_break_when_validation_is_off(
     default_is_meta_tpu.tie_check = "off"
     code, out, _ = cli("check", f"{FACTORIES}:untying_model", "-a", "tpu")
     assert code == 0  # a move never changes which tensors are tied, in any mode
-    assert "  held   embed.weight, head.weight" in out
-    assert "unique parameters: before 3, after 3" in out
-    assert out.splitlines()[-1] == "result: every tie held"
+    assert "tied group: embed.weight, head.weight: held" in out
+    assert "unique parameters: before move 3, after move 3" in out
+    assert out.splitlines()[-1] == "every tie held: yes"
 
 
 def test_check_shows_a_tying_warning_as_one_line(
@@ -650,7 +685,7 @@ def test_check_shows_a_tying_warning_as_one_line(
     default_is_meta_tpu.tie_check = "warn"
     code, out, err = cli("check", f"{FACTORIES}:untying_model", "-a", "tpu")
     assert code == 0  # warned, and the ties the model had are kept
-    assert out.splitlines()[-1] == "result: every tie held"
+    assert out.splitlines()[-1] == "every tie held: yes"
     (warning,) = err.strip().splitlines()
     assert warning.startswith("accel: warning: TyingWarning: ")
 
@@ -658,7 +693,7 @@ def test_check_shows_a_tying_warning_as_one_line(
 def test_check_through_python_m_and_the_console_script() -> None:
     result = python(["-m", "accel", "check", f"{FACTORIES}:tied_model", "-a", "cpu"])
     assert result.returncode == 0, result.stderr
-    assert "result: every tie held" in result.stdout
+    assert "every tie held: yes" in result.stdout
     result = accel_script("check", f"{FACTORIES}:not_a_module")
     assert result.returncode == 2
     assert_one_error_line(result.stderr, "returned dict, not a torch.nn.Module")
@@ -670,3 +705,17 @@ def test_check_debug_traceback_through_the_console_script() -> None:
     assert "Traceback (most recent call last):" in result.stderr
     assert "RuntimeError: cannot build the model: config.json missing" in result.stderr
     assert "CliError: tests.helpers.cli_factories:raising() raised RuntimeError" in result.stderr
+
+
+def test_commands_are_quiet_about_a_missing_numpy(tmp_path: Path) -> None:
+    """torch warns "Failed to initialize NumPy" at import where NumPy is missing (the
+    README's venv has none); accel's commands never use NumPy, so they do not pass it on."""
+    # None in sys.modules: `import numpy` raises ModuleNotFoundError, as if not installed.
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['numpy'] = None\n")
+    site = os.pathsep.join([str(tmp_path), str(REPO)])
+    plain = python(["-c", "import torch"], PYTHONPATH=site)
+    assert "Failed to initialize NumPy" in plain.stderr  # the situation is real
+    result = python(["-m", "accel", "demo", "-a", "cpu", "--steps", "1"], PYTHONPATH=site)
+    assert result.returncode == 0, result.stderr
+    assert "NumPy" not in result.stderr
+    assert "every tie held: yes" in result.stdout

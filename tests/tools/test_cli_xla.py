@@ -73,9 +73,9 @@ def test_check_a_tied_model_on_tpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0, err
     assert "tied groups: 1" in out
     assert "moving to xla:0 (tpu)" in out
-    assert "  held   embed.weight, head.weight" in out
-    assert "unique parameters: before 3, after 3" in out
-    assert out.splitlines()[-1] == "result: every tie held"
+    assert "tied group: embed.weight, head.weight: held" in out
+    assert "unique parameters: before move 3, after move 3" in out
+    assert out.splitlines()[-1] == "every tie held: yes"
 
 
 def test_check_a_model_whose_tie_weights_unties(capsys: pytest.CaptureFixture[str]) -> None:

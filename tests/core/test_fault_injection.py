@@ -1,0 +1,223 @@
+"""Plugins that misbehave while loading or probing, really installed, each in a fresh
+interpreter: accel contains the fault, says which plugin it was, and keeps working.
+
+The fixture distribution tests/dists/accel-faulty-plugins has one entry point per fault;
+each test loads only its own with ``ACCEL_PLUGINS=NAME``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers.installing import pip_install_into
+
+PROVIDER = "accel-faulty-plugins 0.0.1"
+TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="session")
+def faulty_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return pip_install_into(tmp_path_factory.mktemp("faulty-site"), "accel-faulty-plugins")
+
+
+def _environment(site: Path, plugin: str) -> dict[str, str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "PJRT_"))}
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    environment["ACCEL_PLUGINS"] = plugin
+    return environment
+
+
+def _python(site: Path, plugin: str, code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=_environment(site, plugin),
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+
+
+def _report(site: Path, plugin: str, code: str) -> dict[str, Any]:
+    result = _python(site, plugin, code)
+    assert result.returncode == 0, result.stderr
+    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return report
+
+
+def _accel(site: Path, plugin: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "accel", *args],
+        capture_output=True,
+        text=True,
+        env=_environment(site, plugin),
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+
+
+_FAILURES = """
+    import json, warnings, accel
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cpu = accel.get_accelerator("cpu").name
+    print(json.dumps({
+        "cpu": cpu,
+        "auto": accel.get_accelerator("auto").name,
+        "failures": [f.__dict__ for f in accel.default_registry().plugin_failures()],
+        "warnings": [str(w.message) for w in caught],
+    }, default=list))
+"""
+
+
+def test_a_plugin_calling_sys_exit_at_import_is_a_failed_plugin(faulty_site: Path) -> None:
+    report = _report(faulty_site, "exits", _FAILURES)
+    assert (report["cpu"], report["auto"]) == ("cpu", "cpu")  # the program goes on
+    (failure,) = report["failures"]
+    assert (failure["name"], failure["provider"]) == ("exits", PROVIDER)
+    assert failure["error"] == "SystemExit: 3"
+    (warning,) = report["warnings"]
+    assert f"accel plugin 'exits' from {PROVIDER} failed to load" in warning
+
+
+def test_a_plugin_using_accel_while_it_loads_gets_a_true_error(faulty_site: Path) -> None:
+    report = _report(faulty_site, "reentrant", _FAILURES)
+    assert (report["cpu"], report["auto"]) == ("cpu", "cpu")
+    (failure,) = report["failures"]
+    assert failure["name"] == "reentrant"
+    assert failure["error"].startswith(
+        f"PluginError: accel plugin 'reentrant' from {PROVIDER} used accel"
+    )
+    assert "while accel was still loading it" in failure["error"]
+    assert "claimed twice" not in " ".join(report["warnings"])  # the old, false message
+
+
+@pytest.mark.parametrize("command", [["list", "--json"], ["info", "cpu", "--json"]])
+def test_a_plugin_printing_while_it_loads_and_probes_leaves_json_intact(
+    faulty_site: Path, command: list[str]
+) -> None:
+    result = _accel(faulty_site, "chatty", *command)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)  # nothing but the JSON on stdout
+    assert "chatty plugin: hello from import" in result.stderr
+    assert "chatty plugin: straight to fd 1" in result.stderr
+    if command[0] == "list":
+        assert "chatty plugin: probed" in result.stderr
+        assert {row["name"] for row in report} >= {"cpu", "chatty"}
+    else:
+        assert report["accelerator"] == "cpu"
+
+
+def test_a_plugin_printing_while_it_loads_still_prints_for_the_table(faulty_site: Path) -> None:
+    result = _accel(faulty_site, "chatty", "list")
+    assert result.returncode == 0, result.stderr
+    assert "chatty plugin: hello from import" in result.stdout  # no JSON to protect here
+
+
+def test_an_interrupt_while_a_plugin_hangs_at_import_names_that_plugin(
+    faulty_site: Path,
+) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "accel", "list"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_environment(faulty_site, "hangs"),
+    )
+    try:
+        assert process.stderr is not None
+        assert process.stderr.readline().strip() == "hangs plugin: importing"
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=TIMEOUT_S)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 130
+    assert err.strip().splitlines()[-1] == (
+        f"accel: interrupted while loading accel plugin 'hangs' from {PROVIDER}; if it "
+        f"hangs, set ACCEL_DISABLE_PLUGIN_AUTOLOAD=1 or ACCEL_PLUGINS=... to skip "
+        f"third-party plugins"
+    )
+
+
+def test_auto_passes_over_an_accelerator_whose_device_count_raises(faulty_site: Path) -> None:
+    report = _report(
+        faulty_site,
+        "count-raises",
+        """
+        import json, accel
+        rows = {row.name: row for row in accel.list_accelerators()}
+        try:
+            accel.get_accelerator("flaky")
+            named = None
+        except OSError as exc:
+            named = str(exc)
+        print(json.dumps({
+            "auto": accel.get_accelerator("auto").name,
+            "flaky": rows["flaky"].__dict__,
+            "named": named,
+        }, default=list))
+        """,
+    )
+    assert report["auto"] == "cpu"  # flaky has priority 99, but cannot count its devices
+    assert report["flaky"]["available"] is False
+    assert report["flaky"]["reason"] == "device_count failed: OSError: management library gone"
+    assert report["named"] == "management library gone"  # asked for by name: its own error
+    table = _accel(faulty_site, "count-raises", "list")
+    assert table.returncode == 0, table.stderr
+    rows = {line.split()[0]: line for line in table.stdout.split("\n\n")[0].splitlines()[1:]}
+    assert "device_count failed: OSError: management library gone" in rows["flaky"]
+    assert "chosen by auto" in rows["cpu"]
+    assert table.stdout.rstrip().endswith("here 'cpu'.")
+
+
+def test_a_slow_probe_never_holds_up_registering_or_selecting(faulty_site: Path) -> None:
+    report = _report(
+        faulty_site,
+        "slow-probe",
+        """
+        import json, threading, accel
+        from accel_faulty_plugins import slow_probe
+
+        registry = accel.default_registry()
+        registry.names()  # loaded: the probe runs only when asked
+        listing = threading.Thread(target=accel.list_accelerators)
+        listing.start()
+        assert slow_probe.probing.wait(timeout=60)
+        done = {}
+
+        class Npu:
+            @accel.hookimpl
+            def register_accelerators(self):
+                return [accel.AcceleratorSpec("npu")]
+
+        def meanwhile():
+            plugin = Npu()
+            registry.register(plugin)
+            done["names"] = registry.names()
+            done["cpu"] = accel.get_accelerator("cpu").name
+            registry.unregister(plugin)
+
+        other = threading.Thread(target=meanwhile)
+        other.start()
+        other.join(timeout=30)
+        done["finished_while_probing"] = not other.is_alive() and not slow_probe.release.is_set()
+        slow_probe.release.set()
+        listing.join(timeout=60)
+        print(json.dumps(done))
+        """,
+    )
+    assert report["finished_while_probing"] is True
+    assert report["cpu"] == "cpu"
+    assert "npu" in report["names"]

@@ -1,0 +1,1 @@
+"""Test fixture: accel plugins that misbehave, one module per fault."""
