@@ -194,9 +194,12 @@ def batch_to_device(accelerator: str, batch: Any, device: torch.device) -> Any:
     """Move every tensor inside ``batch`` to ``device``; return the moved batch.
 
     *First result*: the built-in fallback, asked last, walks dicts, lists, tuples,
-    namedtuples and dataclasses to any depth, keeping each container's type, and
-    copies pinned host memory to CUDA without blocking. Implement it for a faster
-    transfer path. Example::
+    namedtuples and dataclasses to any depth by :mod:`accel.training.nested`'s rules,
+    keeping each container's type, and copies pinned host memory to CUDA without
+    blocking. Implement it for a faster transfer path. It also runs for every batch of
+    ``device_loader`` (as its ``move``); on TPU, torch_xla's parallel loader has
+    copied the batch's tensors to the device already by then, so return the batch
+    unchanged for tensors already on ``device``. Example::
 
         @accel.hookimpl
         def batch_to_device(batch, device):
@@ -331,15 +334,19 @@ def device_loader(
 
     Iterated once per epoch, so return something iterable again and again (a
     class with ``__iter__``, not a generator). ``move`` is the handle's
-    ``batch_to_device``, with every plugin's batch hooks. Transfer ahead of use
-    where the device allows it: the TPU plugin uses torch_xla's
-    ``MpDeviceLoader``, the CUDA plugin copies the next batch from pinned memory
-    while the current one is used. *First result*: the fallback moves each batch
-    with ``move`` as it is taken. Example::
+    ``batch_to_device``, with every plugin's batch hooks: pass every batch through
+    it, so those hooks run whichever loader is in use. Transfer ahead of use where
+    the device allows it: the TPU plugin lets torch_xla's ``MpDeviceLoader`` copy the
+    CPU tensors, rebuilds each batch as the loader made it and then calls ``move``
+    on it; the CUDA plugin copies the next batch from pinned memory while the
+    current one is used. Batches may already be on the device, and ``loader`` may be
+    a :class:`~accel.training.device_loader.DeviceLoader` itself (wrapped twice).
+    *First result*: the fallback moves each batch with ``move`` as it is taken.
+    Example::
 
         @accel.hookimpl
-        def device_loader(loader, device):
-            return my_runtime.PrefetchingLoader(loader, device)
+        def device_loader(loader, device, move):
+            return my_runtime.PrefetchingLoader(loader, device, then=move)
     """
     raise NotImplementedError
 
