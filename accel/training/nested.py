@@ -53,15 +53,15 @@ def map_nested(
         import torch
 
         leaf_type = torch.Tensor
-    walker = _Walker(convert, leaf_type)
+    walker = _Walker(convert, leaf_type, what)
     try:
         return walker.walk(obj)
     except _CycleFound as found:
         raise ValueError(_cycle_message(obj, found.container, what)) from None
     except RecursionError:
         raise ValueError(
-            f"{what}: nested too deeply to walk (Python's recursion limit); flatten it, "
-            f"or convert its tensors yourself"
+            f"the {what} is nested too deeply to walk (Python's recursion limit); "
+            f"flatten it, or move its tensors yourself"
         ) from None
 
 
@@ -83,23 +83,24 @@ class _CycleFound(Exception):
 
 
 class _Walker:
-    __slots__ = ("_active", "_convert", "_leaf", "_memo")
+    __slots__ = ("_active", "_convert", "_leaf", "_memo", "_what")
 
-    def __init__(self, convert: Callable[[Any], Any], leaf: type | tuple[type, ...]) -> None:
+    def __init__(
+        self, convert: Callable[[Any], Any], leaf: type | tuple[type, ...], what: str
+    ) -> None:
         self._convert = convert
         self._leaf = leaf
+        self._what = what
         # id -> converted leaf or rebuilt container; the input holds every key alive.
         self._memo: dict[int, Any] = {}
         self._active: set[int] = set()  # containers being rebuilt: the way down
 
     def walk(self, value: Any) -> Any:
         if isinstance(value, self._leaf):
-            key = id(value)
-            memo = self._memo
-            if key in memo:
-                return memo[key]
-            converted = memo[key] = self._convert(value)
-            return converted
+            found = self._memo.get(id(value))
+            if found is None:  # (a leaf converted to None is converted again: harmless)
+                found = self._memo[id(value)] = self._convert(value)
+            return found
         if isinstance(value, _ATOMS):
             return value
         rebuild: Any
@@ -138,7 +139,7 @@ class _Walker:
             for key, item in value.items():
                 rebuilt[key] = walk(item)
             return rebuilt
-        return _rebuild(type(value), {key: walk(item) for key, item in value.items()})
+        return self._rebuild(type(value), {key: walk(item) for key, item in value.items()})
 
     def _tuple(self, value: tuple[Any, ...]) -> Any:
         walk = self.walk
@@ -146,8 +147,8 @@ class _Walker:
         if type(value) is tuple:
             return tuple(items)
         if hasattr(value, "_fields"):  # namedtuple
-            return _rebuild(type(value), *items)
-        return _rebuild(type(value), items)
+            return self._rebuild(type(value), *items)
+        return self._rebuild(type(value), items)
 
     def _list(self, value: list[Any]) -> Any:
         walk = self.walk
@@ -167,26 +168,25 @@ class _Walker:
                 object.__setattr__(rebuilt, field.name, self.walk(getattr(value, field.name)))
         return rebuilt
 
-
-def _rebuild(container_type: type, *arguments: Any) -> Any:
-    """Call a container's constructor with its converted items, or explain why not."""
-    try:
-        return container_type(*arguments)
-    except TypeError as exc:
-        raise TypeError(
-            f"cannot rebuild {container_type.__qualname__} with its moved items ({exc}); "
-            f"give it a constructor that takes its items as "
-            f"{'tuple' if issubclass(container_type, tuple) else 'dict'}() does, or move "
-            f"its tensors yourself"
-        ) from exc
+    def _rebuild(self, container_type: type, *arguments: Any) -> Any:
+        """Call a container's constructor with its converted items, or explain why not."""
+        try:
+            return container_type(*arguments)
+        except TypeError as exc:
+            raise TypeError(
+                f"cannot rebuild {container_type.__qualname__} (in the {self._what}) with "
+                f"its moved items ({exc}); give it a constructor that takes its items as "
+                f"{'tuple' if issubclass(container_type, tuple) else 'dict'}() does, or "
+                f"move its tensors yourself"
+            ) from exc
 
 
 def _cycle_message(root: Any, container: object, what: str) -> str:
-    path = _path_back_to(root, container, what)
-    shown = f"{path} is {_path_to(root, container, what)} again" if path else "it"
+    inner = _path_back_to(root, container, what)
+    where = f": {inner} is {_path_to(root, container, what)} again" if inner else ""
     return (
-        f"{what}: the {what} contains itself ({shown}: a {type(container).__name__} nested "
-        f"inside itself); a {what} must be a tree of containers, so break the cycle"
+        f"the {what} contains itself{where} (a {type(container).__name__} nested inside "
+        f"itself); a {what} must be a tree of containers, so break the cycle"
     )
 
 

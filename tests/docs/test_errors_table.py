@@ -456,6 +456,20 @@ def _batch_too_deep(mp: pytest.MonkeyPatch) -> object:
     return _registry().get_accelerator("cpu").batch_to_device(batch)
 
 
+@case("checkpoint-contains-itself", ValueError)
+def _checkpoint_contains_itself(mp: pytest.MonkeyPatch) -> object:
+    import tempfile
+
+    state: dict[str, Any] = {"step": 1}
+    state["again"] = [state]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "ckpt.pt"
+        try:
+            return _registry().get_accelerator("cpu").save(state, path)
+        finally:
+            assert not path.exists(), "a refused checkpoint must write nothing"
+
+
 class Pair(tuple[Any, ...]):
     """A tuple subclass whose constructor takes the items, not an iterable of them."""
 
