@@ -31,6 +31,7 @@ __all__ = ["map_nested", "tensors_in"]
 
 #: Values that are never containers: answered before any container check.
 _ATOMS: Final = (str, bytes, int, float, complex, bool, type(None))
+_UNSET: Final = object()
 
 
 def map_nested(
@@ -164,8 +165,12 @@ class _Walker:
         # or init=False fields work too.
         rebuilt = copy.copy(value)
         for field in dataclasses.fields(value):
-            if hasattr(value, field.name):  # an init=False field may be unset
-                object.__setattr__(rebuilt, field.name, self.walk(getattr(value, field.name)))
+            # An init=False field may be unset (or only a class attribute): set only
+            # what the walk changed, so nothing appears on the copy that was not there.
+            item = getattr(value, field.name, _UNSET)
+            walked = self.walk(item)
+            if walked is not item:
+                object.__setattr__(rebuilt, field.name, walked)
         return rebuilt
 
     def _rebuild(self, container_type: type, *arguments: Any) -> Any:
