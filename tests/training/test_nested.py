@@ -39,9 +39,9 @@ WALKERS: dict[str, Callable[[Any], Any]] = {
     "map_nested": lambda batch: map_nested(batch, lambda t: t.to(META)),
     "move_batch": lambda batch: move_batch(batch, META),
     "checkpoint.map_tensors": lambda batch: map_tensors(batch, lambda t: t.to(META)),
-    "batch_to_device (plugin)": lambda batch: registry_with(MetaBare())
-    .get_accelerator("bare")
-    .batch_to_device(batch),
+    "batch_to_device (plugin)": lambda batch: (
+        registry_with(MetaBare()).get_accelerator("bare").batch_to_device(batch)
+    ),
     "device_loader (fallback)": lambda batch: _first_batch(
         registry_with(MetaBare()).get_accelerator("bare").device_loader([batch])
     ),
