@@ -97,7 +97,10 @@ def is_available(accelerator: str) -> Availability | None:
 def device_count(accelerator: str) -> int | None:
     """Return how many devices of ``accelerator`` this process can use.
 
-    Asked only when :func:`is_available` said yes. *First result.* Example::
+    Asked only when :func:`is_available` said yes. *First result*: the fallback is
+    ``torch.accelerator.device_count()`` when the accelerator's name is the device
+    type ``torch.accelerator`` reports (never ``cpu`` or ``cuda``), else ``1``.
+    Example::
 
         @accel.hookimpl
         def device_count():
@@ -256,7 +259,9 @@ def mark_step(accelerator: str, device: torch.device) -> None:
 def synchronize(accelerator: str, device: torch.device) -> None:
     """Block until ``device`` has finished the work queued on it so far.
 
-    Every implementation runs; the fallback does nothing (the CPU runs eagerly).
+    Every implementation runs; the fallback calls ``torch.accelerator.synchronize``
+    for a device type torch drives itself (``torch.accelerator``: XPU, HPU, a
+    ``privateuse1`` backend; never the CPU or CUDA) and otherwise does nothing.
     Example::
 
         @accel.hookimpl
@@ -272,8 +277,10 @@ def manual_seed(accelerator: str, seed: int, device: torch.device) -> None:
 
     Every implementation runs. The fallback calls ``torch.manual_seed(seed)``,
     which seeds the host and every device type torch itself knows (CUDA, MPS,
-    XPU, a registered ``privateuse1`` backend), so implement this only for a
-    runtime that keeps its own random state, as XLA does. Example::
+    XPU, a registered ``privateuse1`` backend), and, for the device type
+    ``torch.accelerator`` reports, ``torch.<type>.manual_seed_all`` where that
+    module has it; so implement this only for a runtime that keeps its own random
+    state, as XLA does. Example::
 
         @accel.hookimpl
         def manual_seed(seed, device):
@@ -310,7 +317,9 @@ def memory_stats(accelerator: str, device: torch.device) -> MemoryStats | None:
 
     Keys ``allocated_bytes``, ``peak_allocated_bytes`` and ``total_bytes``; each an
     ``int``, or ``None`` when the runtime does not report it (never a guess).
-    *First result*: the fallback reports all three as ``None``. Example::
+    *First result*: the fallback reads ``torch.accelerator``'s counters for a device
+    type torch drives (the total from ``get_memory_info`` where torch has it), and
+    otherwise reports all three as ``None``. Example::
 
         @accel.hookimpl
         def memory_stats(device):
