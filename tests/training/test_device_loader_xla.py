@@ -53,6 +53,15 @@ def test_every_container_kind_comes_out_of_xla_as_out_of_the_cpu(tpu: accel.Acce
     assert seen[1]["sample"].tokens.cpu().tolist() == [4.0] * 3
 
 
+def test_checkpoints_of_xla_tensors_keep_every_container_kind(tpu: accel.Accelerator) -> None:
+    from accel.training.checkpoint import to_cpu
+
+    on_xla = tpu.batch_to_device(every_container())
+    back = to_cpu(on_xla)
+    check_walked(on_xla, back, lambda t: t.device.type == "cpu")
+    assert back["frozen"].mask.tolist() == [1.0, 1.0]
+
+
 def test_the_plugins_batch_hooks_run_inside_the_xla_device_loader(
     registry: accel.AcceleratorRegistry,
 ) -> None:
