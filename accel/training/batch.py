@@ -40,18 +40,15 @@ def move_batch(batch: Any, device: torch.device) -> Any:
     # tokenizer returns). Same result as the walker, without its per-value frames.
     if isinstance(batch, tensor_type):
         return move(batch)
-    if type(batch) is dict:
+    if type(batch) is dict and all(isinstance(value, tensor_type) for value in batch.values()):
         moved: dict[Any, Any] = {}
-        by_id: dict[int, Any] = {}
+        by_id: dict[int, Any] = {}  # a tensor under two keys stays one tensor
         for key, value in batch.items():
-            if not isinstance(value, tensor_type):
-                break
             found = by_id.get(id(value))
             if found is None:
                 found = by_id[id(value)] = move(value)
             moved[key] = found
-        else:
-            return moved
+        return moved
     return map_nested(batch, move, leaf_type=tensor_type, what="batch")
 
 
