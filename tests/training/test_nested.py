@@ -121,3 +121,13 @@ def test_the_fast_paths_keep_the_walkers_rules() -> None:
     moved_mixed = move_batch(mixed, META)
     assert moved_mixed["a"] is moved_mixed["b"] and moved_mixed["n"] == 3
     assert _on_meta(move_batch(shared, META))
+
+
+def test_the_cuda_loaders_pinning_walks_the_same_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accel.plugins._gpu_training import pin_batch
+
+    # No CUDA here: "pinning" moves to `meta`, so the test sees which tensors it reached.
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a: False)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a: self.to(META))
+    batch = every_container()
+    check_walked(batch, pin_batch(batch), _on_meta)
