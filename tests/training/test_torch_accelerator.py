@@ -63,9 +63,17 @@ def _fake(monkeypatch: pytest.MonkeyPatch, runtime: object) -> None:
     monkeypatch.setattr(torch, "accelerator", runtime)
 
 
+#: The fake runtime needs no torch_xla; the xla-marked copy runs it in the XLA tier too,
+#: on that tier's torch 2.9.
+BOTH_TIERS = pytest.mark.parametrize(
+    "tier", ["main", pytest.param("xla", marks=pytest.mark.xla)], ids=["main", "xla-tier"]
+)
+
+
+@BOTH_TIERS
 @pytest.mark.parametrize("memory_info", [True, False], ids=["torch-2.13", "torch-2.9"])
 def test_a_device_torch_drives_gets_count_sync_memory_and_seed_from_torch_accelerator(
-    monkeypatch: pytest.MonkeyPatch, hpu_seeds: list[int], memory_info: bool
+    monkeypatch: pytest.MonkeyPatch, hpu_seeds: list[int], memory_info: bool, tier: str
 ) -> None:
     runtime = FakeRuntime("hpu", memory_info=memory_info)
     _fake(monkeypatch, runtime)
@@ -83,8 +91,9 @@ def test_a_device_torch_drives_gets_count_sync_memory_and_seed_from_torch_accele
     assert torch.initial_seed() == 7, "the host is seeded as before"
 
 
+@BOTH_TIERS
 def test_another_device_type_keeps_the_plain_fallbacks(
-    monkeypatch: pytest.MonkeyPatch, hpu_seeds: list[int]
+    monkeypatch: pytest.MonkeyPatch, hpu_seeds: list[int], tier: str
 ) -> None:
     runtime = FakeRuntime("mtia")  # torch drives another device type
     _fake(monkeypatch, runtime)
@@ -120,9 +129,10 @@ class Untouchable:
         raise AssertionError(f"torch.accelerator.{name} was used")
 
 
+@BOTH_TIERS
 @pytest.mark.parametrize("device_type", ["cpu", "cuda"])
 def test_the_cpu_and_cuda_never_ask_torch_accelerator(
-    monkeypatch: pytest.MonkeyPatch, device_type: str
+    monkeypatch: pytest.MonkeyPatch, device_type: str, tier: str
 ) -> None:
     _fake(monkeypatch, Untouchable())
 
