@@ -84,7 +84,7 @@ class _CycleFound(Exception):
 
 
 class _Walker:
-    __slots__ = ("_active", "_convert", "_leaf", "_memo", "_what")
+    __slots__ = ("_active", "_alive", "_convert", "_leaf", "_memo", "_what")
 
     def __init__(
         self, convert: Callable[[Any], Any], leaf: type | tuple[type, ...], what: str
@@ -92,8 +92,11 @@ class _Walker:
         self._convert = convert
         self._leaf = leaf
         self._what = what
-        # id -> converted leaf or rebuilt container; the input holds every key alive.
+        # id -> converted leaf or rebuilt container. ``_alive`` holds each keyed object
+        # until the walk ends: a Mapping or dataclass may hand out a new object per
+        # access, and a freed object's id can be reused by the next one.
         self._memo: dict[int, Any] = {}
+        self._alive: list[Any] = []
         self._active: set[int] = set()  # containers being rebuilt: the way down
 
     def walk(self, value: Any) -> Any:
@@ -101,6 +104,7 @@ class _Walker:
             found = self._memo.get(id(value))
             if found is None:  # (a leaf converted to None is converted again: harmless)
                 found = self._memo[id(value)] = self._convert(value)
+                self._alive.append(value)
             return found
         if isinstance(value, _ATOMS):
             return value
@@ -127,6 +131,7 @@ class _Walker:
             rebuilt = self._memo[key] = rebuild(value)
         finally:
             self._active.discard(key)
+        self._alive.append(value)
         return rebuilt
 
     def _mapping(self, value: Mapping[Any, Any]) -> Any:

@@ -13,7 +13,7 @@ import accel
 from accel.training.batch import move_batch
 from accel.training.checkpoint import map_tensors, to_cpu
 from accel.training.nested import map_nested, tensors_in
-from helpers.nested_batches import Sample, check_walked, every_container
+from helpers.nested_batches import ReadOnlyMapping, Sample, check_walked, every_container
 from helpers.training_fakes import BareAccelerator, registry_with
 
 META = torch.device("meta")
@@ -131,3 +131,15 @@ def test_the_cuda_loaders_pinning_walks_the_same_way(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a: self.to(META))
     batch = every_container()
     check_walked(batch, pin_batch(batch), _on_meta)
+
+
+def test_a_mapping_that_builds_its_values_on_access_gets_each_value_converted() -> None:
+    class Lazy(ReadOnlyMapping):
+        def __getitem__(self, key: str) -> Any:
+            return torch.full((1,), float(super().__getitem__(key)))  # a new tensor per access
+
+    # Freed tensors' ids are reused at once; a memo that let them go would hand out
+    # the first conversion again.
+    lazy = Lazy({str(i): i for i in range(50)})
+    out = map_nested(lazy, lambda t: t.item())
+    assert [out[str(i)] for i in range(50)] == [float(i) for i in range(50)]
