@@ -67,3 +67,28 @@ def train(
         losses.append(loss.detach())
     acc.mark_step()
     return [float(loss) for loss in losses]  # fetched after the loop: no extra graphs
+
+
+def graphs_compiled_by(acc: accel.Accelerator, habit: str, steps: int = 6) -> int:
+    """XLA graphs compiled by a fixed-shape loop with one of the habits docs/training.md
+    warns about: ``"none"``, ``"item"`` (a ``float(loss)`` each step) or ``"fetch"``
+    (a second batch taken from the loader between forward and backward)."""
+    import torch_xla.debug.metrics as metrics
+
+    torch.manual_seed(0)
+    model = acc.model_to_device(TinyTokenModel())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = iter(acc.device_loader([token_batch(32, seed=i) for i in range(2 * steps)]))
+    for batch in batches:
+        loss = masked_loss(model, batch)
+        if habit == "item":
+            float(loss)
+        elif habit == "fetch":
+            extra = next(batches, None)
+            if extra is not None:
+                loss = loss + masked_loss(model, extra)
+        loss.backward()
+        acc.optimizer_step(optimizer)
+        optimizer.zero_grad()
+    acc.mark_step()
+    return int((metrics.metric_data("CompileTime") or [0])[0])
