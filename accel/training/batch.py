@@ -36,19 +36,31 @@ def move_batch(batch: Any, device: torch.device) -> Any:
         device = torch.device(device)
     tensor_type = torch.Tensor
     move = _tensor_mover(device)
-    # Fast paths for the common batches: a tensor, and a flat dict of tensors (what a
-    # tokenizer returns). Same result as the walker, without its per-value frames.
+    # Fast paths for the common batches: a tensor, a flat dict of tensors (what a
+    # tokenizer returns), an (inputs, targets) tuple. Same result as the walker,
+    # without its per-value frames.
     if isinstance(batch, tensor_type):
         return move(batch)
-    if type(batch) is dict and all(isinstance(value, tensor_type) for value in batch.values()):
-        moved: dict[Any, Any] = {}
-        by_id: dict[int, Any] = {}  # a tensor under two keys stays one tensor
-        for key, value in batch.items():
+    kind = type(batch)
+    if kind is dict:
+        if all(isinstance(value, tensor_type) for value in batch.values()):
+            by_id: dict[int, Any] = {}  # a tensor under two keys stays one tensor
+            moved: dict[Any, Any] = {}
+            for key, value in batch.items():
+                found = by_id.get(id(value))
+                if found is None:
+                    found = by_id[id(value)] = move(value)
+                moved[key] = found
+            return moved
+    elif (kind is tuple or kind is list) and all(isinstance(v, tensor_type) for v in batch):
+        by_id = {}
+        items = []
+        for value in batch:
             found = by_id.get(id(value))
             if found is None:
                 found = by_id[id(value)] = move(value)
-            moved[key] = found
-        return moved
+            items.append(found)
+        return items if kind is list else tuple(items)
     return map_nested(batch, move, leaf_type=tensor_type, what="batch")
 
 

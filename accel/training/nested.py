@@ -92,9 +92,9 @@ class _Walker:
         self._convert = convert
         self._leaf = leaf
         self._what = what
-        # id -> converted leaf or rebuilt container. ``_alive`` holds each keyed object
-        # until the walk ends: a Mapping or dataclass may hand out a new object per
-        # access, and a freed object's id can be reused by the next one.
+        # id -> converted leaf or rebuilt container. A dict, list or tuple holds its
+        # items alive while the walk runs; a Mapping or a dataclass may hand out a new
+        # object per access, so ``_alive`` holds those (a freed object's id is reused).
         self._memo: dict[int, Any] = {}
         self._alive: list[Any] = []
         self._active: set[int] = set()  # containers being rebuilt: the way down
@@ -104,7 +104,6 @@ class _Walker:
             found = self._memo.get(id(value))
             if found is None:  # (a leaf converted to None is converted again: harmless)
                 found = self._memo[id(value)] = self._convert(value)
-                self._alive.append(value)
             return found
         if isinstance(value, _ATOMS):
             return value
@@ -131,7 +130,6 @@ class _Walker:
             rebuilt = self._memo[key] = rebuild(value)
         finally:
             self._active.discard(key)
-        self._alive.append(value)
         return rebuilt
 
     def _mapping(self, value: Mapping[Any, Any]) -> Any:
@@ -145,7 +143,9 @@ class _Walker:
             for key, item in value.items():
                 rebuilt[key] = walk(item)
             return rebuilt
-        return self._rebuild(type(value), {key: walk(item) for key, item in value.items()})
+        items = list(value.items())
+        self._alive.append(items)
+        return self._rebuild(type(value), {key: walk(item) for key, item in items})
 
     def _tuple(self, value: tuple[Any, ...]) -> Any:
         walk = self.walk
@@ -173,6 +173,7 @@ class _Walker:
             # An init=False field may be unset (or only a class attribute): set only
             # what the walk changed, so nothing appears on the copy that was not there.
             item = getattr(value, field.name, _UNSET)
+            self._alive.append(item)  # (a property may build it on each access)
             walked = self.walk(item)
             if walked is not item:
                 object.__setattr__(rebuilt, field.name, walked)
