@@ -13,7 +13,13 @@ import accel
 from accel.training.batch import move_batch
 from accel.training.checkpoint import map_tensors, to_cpu
 from accel.training.nested import map_nested, tensors_in
-from helpers.nested_batches import ReadOnlyMapping, Sample, check_walked, every_container
+from helpers.nested_batches import (
+    Pair,
+    ReadOnlyMapping,
+    Sample,
+    check_walked,
+    every_container,
+)
 from helpers.training_fakes import BareAccelerator, registry_with
 
 META = torch.device("meta")
@@ -121,6 +127,11 @@ def test_the_fast_paths_keep_the_walkers_rules() -> None:
     moved_mixed = move_batch(mixed, META)
     assert moved_mixed["a"] is moved_mixed["b"] and moved_mixed["n"] == 3
     assert _on_meta(move_batch(shared, META))
+    pair, listed = move_batch((shared, shared), META), move_batch([shared, flat["c"]], META)
+    assert type(pair) is tuple and pair[0] is pair[1] and _on_meta(pair[0])
+    assert type(listed) is list and _on_meta(listed[1])
+    named = move_batch(Pair(shared, shared), META)  # a namedtuple: the walker's rebuild
+    assert type(named) is Pair and named.left is named.right
 
 
 def test_the_cuda_loaders_pinning_walks_the_same_way(monkeypatch: pytest.MonkeyPatch) -> None:
