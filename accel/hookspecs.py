@@ -104,7 +104,10 @@ def is_available(accelerator: str) -> Availability | None:
 def device_count(accelerator: str) -> int | None:
     """Return how many devices of ``accelerator`` this process can use.
 
-    Asked only when :func:`is_available` said yes. *First result.* Example::
+    Asked only when :func:`is_available` said yes. *First result*: the fallback is
+    ``torch.accelerator.device_count()`` when the accelerator's name is the device
+    type ``torch.accelerator`` reports (never ``cpu`` or ``cuda``), else ``1``.
+    Example::
 
         @accel.hookimpl
         def device_count():
@@ -203,9 +206,12 @@ def batch_to_device(accelerator: str, batch: Any, device: torch.device) -> Any:
     """Move every tensor inside ``batch`` to ``device``; return the moved batch.
 
     *First result*: the built-in fallback, asked last, walks dicts, lists, tuples,
-    namedtuples and dataclasses to any depth, keeping each container's type, and
-    copies pinned host memory to CUDA without blocking. Implement it for a faster
-    transfer path. Example::
+    namedtuples and dataclasses to any depth by :mod:`accel.training.nested`'s rules,
+    keeping each container's type, and copies pinned host memory to CUDA without
+    blocking. Implement it for a faster transfer path. It also runs for every batch of
+    ``device_loader`` (as its ``move``); on TPU, torch_xla's parallel loader has
+    copied the batch's tensors to the device already by then, so return the batch
+    unchanged for tensors already on ``device``. Example::
 
         @accel.hookimpl
         def batch_to_device(batch, device):
@@ -349,7 +355,9 @@ def mark_step(accelerator: str, device: torch.device) -> None:
 def synchronize(accelerator: str, device: torch.device) -> None:
     """Block until ``device`` has finished the work queued on it so far.
 
-    Every implementation runs; the fallback does nothing (the CPU runs eagerly).
+    Every implementation runs; the fallback calls ``torch.accelerator.synchronize``
+    for a device type torch drives itself (``torch.accelerator``: XPU, HPU, a
+    ``privateuse1`` backend; never the CPU or CUDA) and otherwise does nothing.
     Example::
 
         @accel.hookimpl
@@ -365,8 +373,10 @@ def manual_seed(accelerator: str, seed: int, device: torch.device) -> None:
 
     Every implementation runs. The fallback calls ``torch.manual_seed(seed)``,
     which seeds the host and every device type torch itself knows (CUDA, MPS,
-    XPU, a registered ``privateuse1`` backend), so implement this only for a
-    runtime that keeps its own random state, as XLA does. Example::
+    XPU, a registered ``privateuse1`` backend), and, for the device type
+    ``torch.accelerator`` reports, ``torch.<type>.manual_seed_all`` where that
+    module has it; so implement this only for a runtime that keeps its own random
+    state, as XLA does. Example::
 
         @accel.hookimpl
         def manual_seed(seed, device):
@@ -403,7 +413,9 @@ def memory_stats(accelerator: str, device: torch.device) -> MemoryStats | None:
 
     Keys ``allocated_bytes``, ``peak_allocated_bytes`` and ``total_bytes``; each an
     ``int``, or ``None`` when the runtime does not report it (never a guess).
-    *First result*: the fallback reports all three as ``None``. Example::
+    *First result*: the fallback reads ``torch.accelerator``'s counters for a device
+    type torch drives (the total from ``get_memory_info`` where torch has it), and
+    otherwise reports all three as ``None``. Example::
 
         @accel.hookimpl
         def memory_stats(device):
@@ -427,15 +439,19 @@ def device_loader(
 
     Iterated once per epoch, so return something iterable again and again (a
     class with ``__iter__``, not a generator). ``move`` is the handle's
-    ``batch_to_device``, with every plugin's batch hooks. Transfer ahead of use
-    where the device allows it: the TPU plugin uses torch_xla's
-    ``MpDeviceLoader``, the CUDA plugin copies the next batch from pinned memory
-    while the current one is used. *First result*: the fallback moves each batch
-    with ``move`` as it is taken. Example::
+    ``batch_to_device``, with every plugin's batch hooks: pass every batch through
+    it, so those hooks run whichever loader is in use. Transfer ahead of use where
+    the device allows it: the TPU plugin lets torch_xla's ``MpDeviceLoader`` copy the
+    CPU tensors, rebuilds each batch as the loader made it and then calls ``move``
+    on it; the CUDA plugin copies the next batch from pinned memory while the
+    current one is used. Batches may already be on the device, and ``loader`` may be
+    a :class:`~accel.training.device_loader.DeviceLoader` itself (wrapped twice).
+    *First result*: the fallback moves each batch with ``move`` as it is taken.
+    Example::
 
         @accel.hookimpl
-        def device_loader(loader, device):
-            return my_runtime.PrefetchingLoader(loader, device)
+        def device_loader(loader, device, move):
+            return my_runtime.PrefetchingLoader(loader, device, then=move)
     """
     raise NotImplementedError
 

@@ -2,6 +2,12 @@
 
 Registered in every registry (even one without the built-in accelerators), so a
 third-party accelerator plugin only implements what it does differently.
+
+For a device type torch itself drives (``torch.accelerator``: XPU, HPU, MTIA, a
+``privateuse1`` backend such as Ascend's NPU), the device count, synchronisation,
+memory figures and seeding come from ``torch.accelerator`` when the accelerator's
+device type is the one it reports; never for the CPU, and never for CUDA, whose
+plugin has its own hooks (and whose probing must not initialise it).
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ def is_available(accelerator: str) -> Availability:
 
 
 @hookimpl(trylast=True)
-def device_count() -> int:
-    return 1
+def device_count(accelerator: str) -> int:
+    # Probing: the accelerator's name is all there is (its device comes after the count).
+    runtime = torch_accelerator(accelerator)
+    return 1 if runtime is None else int(runtime.device_count())
 
 
 @hookimpl(trylast=True)
@@ -116,15 +124,24 @@ def mark_step() -> None:
 
 
 @hookimpl(trylast=True)
-def synchronize() -> None:
-    return None  # nothing known to wait for
+def synchronize(device: torch.device) -> None:
+    runtime = torch_accelerator(device.type)
+    if runtime is not None:
+        runtime.synchronize(device)
+    # else: nothing known to wait for
 
 
 @hookimpl(trylast=True)
-def manual_seed(seed: int) -> None:
+def manual_seed(seed: int, device: torch.device) -> None:
     import torch
 
-    torch.manual_seed(seed)  # the host, and every device type torch knows
+    torch.manual_seed(seed)  # the host, and the device types torch seeds itself
+    if torch_accelerator(device.type) is not None:
+        # torch.accelerator has no seeding call; the device module's manual_seed_all
+        # is torch's convention (torch.xpu, torch.mtia, an out-of-tree torch.npu).
+        seed_all = getattr(getattr(torch, device.type, None), "manual_seed_all", None)
+        if callable(seed_all):
+            seed_all(seed)
 
 
 @hookimpl(trylast=True)
@@ -148,10 +165,24 @@ def autocast(
 
 
 @hookimpl(trylast=True)
-def memory_stats() -> MemoryStats:
-    from accel.training.memory import unknown
+def memory_stats(device: torch.device) -> MemoryStats:
+    from accel.training.memory import MemoryStats, unknown
 
-    return unknown()
+    runtime = torch_accelerator(device.type)
+    if runtime is None:
+        return unknown()
+
+    def ask(name: str) -> int | None:
+        # Not every torch has every call (get_memory_info: torch 2.10+).
+        call = getattr(runtime, name, None)
+        return None if call is None else int(call(device))
+
+    info = getattr(runtime, "get_memory_info", None)
+    return MemoryStats(
+        allocated_bytes=ask("memory_allocated"),
+        peak_allocated_bytes=ask("max_memory_allocated"),
+        total_bytes=None if info is None else int(info(device)[1]),  # (free, total)
+    )
 
 
 @hookimpl(trylast=True)
@@ -216,3 +247,20 @@ def set_rng_state(accelerator: str, state: Any, device: torch.device) -> bool:
         else:
             module.set_rng_state(states[0])
     return True
+
+
+def torch_accelerator(device_type: str) -> Any:
+    """``torch.accelerator`` when ``device_type`` is the accelerator it reports, else
+    ``None``. Never for ``cpu`` or ``cuda``: asking CUDA's count may initialise it."""
+    if device_type in ("cpu", "cuda", "meta"):
+        return None
+    import torch
+
+    runtime = getattr(torch, "accelerator", None)  # torch 2.6+
+    if runtime is None:
+        return None
+    # Compile-time answer: no runtime probe, no fork poisoning (torch's own note).
+    reported = runtime.current_accelerator()
+    if reported is None or reported.type != device_type:
+        return None
+    return runtime

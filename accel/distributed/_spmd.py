@@ -8,9 +8,7 @@ all-reduce. There is no :mod:`torch.distributed` process group and no DDP wrappe
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -152,7 +150,9 @@ def shard_batch(batch: Any, context: SpmdContext | None = None) -> Any:
     import torch_xla.distributed.spmd as xs
 
     moved = context.accelerator.batch_to_device(batch)
-    for tensor in _tensors(moved):
+    from accel.training.nested import tensors_in
+
+    for tensor in tensors_in(moved):
         if tensor.dim() == 0:
             continue  # a scalar (a step count, a scale) stays replicated
         if tensor.shape[0] % context.num_devices:
@@ -163,22 +163,3 @@ def shard_batch(batch: Any, context: SpmdContext | None = None) -> Any:
             )
         xs.mark_sharding(tensor, context.mesh, (DATA_AXIS,) + (None,) * (tensor.dim() - 1))
     return moved
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """Every distinct tensor in a nested batch, in order."""
-    import torch
-
-    found: dict[int, torch.Tensor] = {}
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            found.setdefault(id(item), item)
-        elif isinstance(item, Mapping):
-            stack.extend(reversed(list(item.values())))
-        elif isinstance(item, (list, tuple)):
-            stack.extend(reversed(item))
-        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
-            stack.extend(reversed([getattr(item, f.name) for f in dataclasses.fields(item)]))
-    return list(found.values())

@@ -111,12 +111,13 @@ class MpsTrainingHooks:
 
 
 def pin_batch(batch: Any) -> Any:
-    """``batch`` with its CPU tensors in pinned memory (already pinned ones kept)."""
-    from accel.training.checkpoint import map_tensors
+    """``batch`` with its CPU tensors in pinned memory (already pinned ones kept);
+    containers are walked by :mod:`accel.training.nested`'s rules, as everywhere."""
+    from accel.training.nested import map_nested
 
     def pin(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.device.type != "cpu" or tensor.is_pinned():
             return tensor
         return tensor.pin_memory()
 
-    return map_tensors(batch, pin)
+    return map_nested(batch, pin)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -116,8 +116,18 @@ class XlaTrainingHooks:
         )
 
     @hookimpl
-    def device_loader(self, loader: Iterable[Any], device: torch.device) -> Iterable[Any]:
-        return XlaLoader(loader, device)
+    def device_loader(
+        self, loader: Iterable[Any], device: torch.device, move: Callable[[Any], Any]
+    ) -> Iterable[Any]:
+        from accel.training.device_loader import DeviceLoader
+
+        inner = loader.batches if isinstance(loader, DeviceLoader) else None
+        if isinstance(inner, XlaLoader) and inner.device == device:
+            # Wrapped twice: one parallel loader over the original loader, each batch
+            # through both moves. Two nested ones would run torch_xla's loader inside
+            # its own loader thread, which it refuses ("Expecting scope to be empty").
+            return XlaLoader(inner.loader, device, _chain(inner.move, move))
+        return XlaLoader(loader, device, move)
 
     @hookimpl
     def state_dict(self) -> None:
@@ -181,33 +191,45 @@ class XlaTrainingHooks:
 class XlaLoader:
     """torch_xla's ``MpDeviceLoader`` over ``loader``, re-raising the loader's errors.
 
+    The parallel loader copies each batch's CPU tensors to ``device`` in a background
+    thread; tensors already on an XLA device stay out of it (torch_xla aborts on them:
+    ``Check failed: tensor_data``). Each batch is then rebuilt as the loader made it
+    (:mod:`accel.training.nested`'s rules, as on every accelerator) and passed
+    through ``move``, the handle's ``batch_to_device``, so the plugins' batch hooks
+    run on TPU too (they see the tensors already on the device).
+
     ``MpDeviceLoader`` reads the loader in a background thread; an exception there
     ends that thread and the iteration simply stops, as if the epoch were over.
     Here the exception is caught in the thread and raised in the training loop.
     """
 
-    __slots__ = ("_device", "_loader")
+    __slots__ = ("device", "loader", "move")
 
-    def __init__(self, loader: Iterable[Any], device: torch.device) -> None:
-        self._loader = loader
-        self._device = device
+    def __init__(
+        self, loader: Iterable[Any], device: torch.device, move: Callable[[Any], Any]
+    ) -> None:
+        self.loader = loader
+        self.device = device
+        self.move = move
 
     def __iter__(self) -> Iterator[Any]:
         import torch_xla.distributed.parallel_loader as pl
 
-        from accel.training.checkpoint import map_tensors
+        from accel.training.nested import map_nested
 
-        source = _Capturing(self._loader)
+        source = _Capturing(self.loader)
+        move = self.move
         loop = _loop_state()
         loop.active += 1
         try:
-            for tensors in pl.MpDeviceLoader(source, self._device):
+            for tensors in pl.MpDeviceLoader(source, self.device):
                 loop.fetches += 1
                 loop.owed = False  # MpDeviceLoader marked the step before this batch
                 # torch_xla hands back tuples as lists and drops dataclasses; rebuild the
                 # batch as the loader made it around the moved tensors.
                 skeleton = source.skeletons.popleft()
-                yield map_tensors(skeleton, partial(_fill, tensors), leaf_type=_Slot)
+                batch = map_nested(skeleton, partial(_fill, tensors), leaf_type=_Slot)
+                yield move(batch)
         finally:  # also on `break`: the loop's last step is marked here
             loop.active -= 1
             if loop.owed:
@@ -222,6 +244,10 @@ class XlaLoader:
                 f"torch_xla's loader thread; the batches before it were used.",
             )
             raise source.error
+
+
+def _chain(first: Callable[[Any], Any], then: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda batch: then(first(batch))
 
 
 class _LoopState(threading.local):
@@ -252,7 +278,7 @@ class _Slot:
 
 class _Capturing:
     """Iterates ``loader`` (in torch_xla's loader thread), keeping the exception that
-    ends it, and handing over each batch's tensors as a flat list; the batch's shape
+    ends it, and handing over each batch's CPU tensors as a flat list; the batch's shape
     waits in ``skeletons``, in order, for the training loop to rebuild it."""
 
     __slots__ = ("_loader", "count", "error", "skeletons")
@@ -267,17 +293,21 @@ class _Capturing:
         return len(self._loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        from accel.training.checkpoint import map_tensors
+        from accel.training.nested import map_nested
 
         try:
             for batch in self._loader:
                 tensors: list[torch.Tensor] = []
 
-                def take(tensor: torch.Tensor, tensors: list[torch.Tensor] = tensors) -> _Slot:
+                def take(
+                    tensor: torch.Tensor, tensors: list[torch.Tensor] = tensors
+                ) -> _Slot | torch.Tensor:
+                    if tensor.device.type != "cpu":
+                        return tensor  # already on a device: kept, and `move` sees it
                     tensors.append(tensor)
                     return _Slot(len(tensors) - 1)
 
-                self.skeletons.append(map_tensors(batch, take))
+                self.skeletons.append(map_nested(batch, take))
                 self.count += 1
                 yield tensors
         except Exception as exc:

@@ -207,7 +207,11 @@ class TrainingStepMethods(HandleBase):
 
     def synchronize(self) -> None:
         """Block until the device has finished the work queued on it so far."""
-        if self._hooks.only_fallback("synchronize"):
+        from accel._core.fallbacks import torch_accelerator
+
+        # Only the fallback answers, and it has nothing to wait for: skip the hook call.
+        # (It does wait for a device torch drives itself, through torch.accelerator.)
+        if self._hooks.only_fallback("synchronize") and torch_accelerator(self.device.type) is None:
             return
         self._hooks.synchronize(self.device)
 

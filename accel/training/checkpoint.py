@@ -10,7 +10,6 @@ that held it gets the same CPU tensor.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pickle
 import re
@@ -58,48 +57,18 @@ def map_tensors(
 ) -> Any:
     """``obj`` rebuilt with ``convert_tensor(t)`` for every tensor ``t`` in it.
 
-    Walks mappings, lists, tuples, namedtuples and dataclasses; other values pass
-    through. Each distinct tensor object is converted once.
+    Walks containers by the rules of :mod:`accel.training.nested` (the walker batch
+    moves use too): mappings keep their type and state (a state dict's ``_metadata``),
+    dataclasses are copied without re-running ``__init__``; other values pass
+    through. Each distinct tensor object is converted once, so a tensor shared stays
+    shared.
 
     :param leaf_type: convert instances of this type instead of tensors.
+    :raises ValueError: ``obj`` contains itself.
     """
-    import torch
+    from accel.training.nested import map_nested
 
-    leaf = torch.Tensor if leaf_type is None else leaf_type
-    memo: dict[int, Any] = {}
-
-    def convert(value: Any) -> Any:
-        if isinstance(value, leaf):
-            key = id(value)
-            found = memo.get(key)
-            if found is None:
-                found = memo[key] = convert_tensor(value)
-            return found
-        if isinstance(value, Mapping):
-            converted = {key: convert(item) for key, item in value.items()}
-            if type(value) is dict:
-                return converted
-            try:
-                rebuilt: Any = type(value)(converted)  # type: ignore[call-arg]  # OrderedDict etc.
-            except TypeError:
-                return converted
-            if hasattr(value, "_metadata"):  # state_dict's OrderedDict carries versions
-                rebuilt._metadata = value._metadata
-            return rebuilt
-        if isinstance(value, tuple) and hasattr(value, "_fields"):
-            return type(value)(*(convert(item) for item in value))
-        if isinstance(value, (list, tuple)):
-            return type(value)(convert(item) for item in value)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            changes = {
-                field.name: convert(getattr(value, field.name))
-                for field in dataclasses.fields(value)
-                if field.init
-            }
-            return dataclasses.replace(value, **changes)
-        return value
-
-    return convert(obj)
+    return map_nested(obj, convert_tensor, leaf_type=leaf_type, what="checkpoint")
 
 
 def is_main_process() -> bool:

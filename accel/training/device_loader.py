@@ -24,16 +24,19 @@ class DeviceLoader(Generic[_Batch]):
     the loader; every ``for`` over it is a new epoch.
     """
 
-    __slots__ = ("_batches", "_describe", "loader")
+    __slots__ = ("_describe", "batches", "loader")
 
     def __init__(self, loader: Iterable[Any], batches: Iterable[_Batch], describe: str) -> None:
         #: The loader this wraps (e.g. a ``torch.utils.data.DataLoader``).
         self.loader = loader
-        self._batches = batches
+        #: What the accelerator's ``device_loader`` hook returned: each ``for`` over
+        #: this object iterates it (a plugin may recognise its own, to unwrap a loader
+        #: wrapped twice).
+        self.batches = batches
         self._describe = describe
 
     def __iter__(self) -> Iterator[_Batch]:
-        return iter(self._batches)
+        return iter(self.batches)
 
     def __len__(self) -> int:
         try:

@@ -600,6 +600,54 @@ def _batch_unrebuildable_container(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("cpu").batch_to_device(Pair(torch.zeros(1), 1))
 
 
+# Length buckets --------------------------------------------------------------------
+
+_SIZES = (32, 64, 128, 256)
+
+
+@case("buckets-too-long", ValueError)
+def _buckets_too_long(mp: pytest.MonkeyPatch) -> object:
+    from accel.training.buckets import pad_to_bucket
+
+    return pad_to_bucket({"input_ids": torch.ones(2, 300)}, _SIZES, {"input_ids": 0})
+
+
+@case("buckets-sizes-unsorted", ValueError)
+def _buckets_sizes_unsorted(mp: pytest.MonkeyPatch) -> object:
+    from accel.training.buckets import pad_to_bucket
+
+    return pad_to_bucket({"input_ids": torch.ones(2, 3)}, (64, 32), {"input_ids": 0})
+
+
+@case("buckets-lengths-differ", ValueError)
+def _buckets_lengths_differ(mp: pytest.MonkeyPatch) -> object:
+    from accel.training.buckets import pad_to_bucket
+
+    batch = {"a": torch.ones(1, 3), "b": torch.ones(1, 4)}
+    return pad_to_bucket(batch, _SIZES, {"a": 0, "b": 0})
+
+
+@case("buckets-pad-values-missing-key", ValueError)
+def _buckets_pad_values_missing_key(mp: pytest.MonkeyPatch) -> object:
+    from accel.training.buckets import pad_to_bucket
+
+    return pad_to_bucket({"input_ids": torch.ones(2, 3)}, _SIZES, {"labels": -100})
+
+
+@case("buckets-pad-values-kind", TypeError)
+def _buckets_pad_values_kind(mp: pytest.MonkeyPatch) -> object:
+    from accel.training.buckets import pad_to_bucket
+
+    return pad_to_bucket((torch.ones(2, 3), torch.ones(2, 3)), _SIZES, {"labels": -100})
+
+
+@case("buckets-pad-value-not-a-tensor", TypeError)
+def _buckets_pad_value_not_a_tensor(mp: pytest.MonkeyPatch) -> object:
+    from accel.training.buckets import pad_to_bucket
+
+    return pad_to_bucket({"n": 3}, _SIZES, {"n": 0})
+
+
 # Plugins: registration -------------------------------------------------------------
 
 
