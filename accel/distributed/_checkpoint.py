@@ -9,6 +9,10 @@ directory that looks like a checkpoint. Here DCP writes into a temporary directo
 beside the target, and once every rank's shards and the metadata are written, the
 main process renames it to the target (and fsyncs the parent): the target path holds
 a complete checkpoint, or is absent, or holds the previous one.
+
+Under XLA SPMD (:func:`init_spmd`) the same calls go through torch_xla's DCP planners
+(:mod:`accel.distributed._spmd_checkpoint`): one process writes every device's shards,
+with the same temporary directory and rename.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from accel.distributed._spmd_checkpoint import is_spmd, spmd_entry, spmd_load, spmd_save_planner
 
 if TYPE_CHECKING:
     from torch import nn
@@ -44,7 +50,8 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     from torch.distributed.checkpoint import state_dict_saver
 
     target = Path(os.fspath(path))
-    _, app_state = _app_state(state, "save_sharded")
+    spmd = is_spmd()
+    _, app_state = _app_state(state, "save_sharded", spmd)
     if target.exists():
         raise FileExistsError(
             17,
@@ -59,7 +66,9 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
         dist.broadcast_object_list(word, src=0)
     temporary = target.with_name(word[0])
     try:
-        state_dict_saver.save(app_state, checkpoint_id=str(temporary))  # ends with every rank done
+        planner = spmd_save_planner() if spmd else None
+        # Ends with every rank done.
+        state_dict_saver.save(app_state, checkpoint_id=str(temporary), planner=planner)
         if dist.is_initialized():
             dist.barrier()
         if rank == 0:
@@ -95,10 +104,20 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
             f".metadata); check the path, or find the newest with latest_checkpoint()",
             str(target),
         )
-    model, app_state = _app_state(state, "load_sharded")
-    state_dict_loader.load(app_state, checkpoint_id=str(target), planner=_weights_only_planner())
+    spmd = is_spmd()
+    model, app_state = _app_state(state, "load_sharded", spmd)
+
+    def read(into: dict[str, Any], planner: Any) -> None:
+        state_dict_loader.load(into, checkpoint_id=str(target), planner=planner)
+
+    if spmd:
+        spmd_load(model, state, app_state, read)
+    else:
+        read(app_state, _weights_only_planner())
     plain = dict(app_state[_PLAIN])
     for key, value in state.items():
+        if spmd and (value is model or _is_optimizer(value)):
+            continue  # loaded in place by spmd_load
         if value is model:
             set_model_state_dict(model, app_state[key])
         elif _is_optimizer(value):
@@ -125,7 +144,9 @@ def _weights_only_planner() -> Any:
     return WeightsOnlyLoadPlanner()
 
 
-def _app_state(state: Mapping[str, Any], caller: str) -> tuple[nn.Module, dict[str, Any]]:
+def _app_state(
+    state: Mapping[str, Any], caller: str, spmd: bool
+) -> tuple[nn.Module, dict[str, Any]]:
     from torch import nn
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -143,7 +164,9 @@ def _app_state(state: Mapping[str, Any], caller: str) -> tuple[nn.Module, dict[s
     model = state[modules[0]]
     app_state: dict[str, Any] = {_PLAIN: {}}
     for key, value in state.items():
-        if value is model:
+        if spmd and (value is model or _is_optimizer(value)):
+            app_state[key] = spmd_entry(model, value)
+        elif value is model:
             app_state[key] = get_model_state_dict(model)
         elif _is_optimizer(value):
             app_state[key] = get_optimizer_state_dict(model, value)
