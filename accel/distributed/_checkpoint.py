@@ -40,7 +40,8 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     ``state`` holds one module (sharded or not), optimizers over its parameters, and
     plain values (a step, :meth:`Accelerator.rng_state`). Every rank must call it with
     its own objects; each writes its shards, and every rank returns once the
-    checkpoint is complete at ``path``.
+    checkpoint is complete at ``path``. Under XLA SPMD (:func:`init_spmd`) the one
+    process writes every device's shards, through torch_xla's ``SPMDSavePlanner``.
 
     :raises TypeError: ``state`` is not a dict, or holds no module or two.
     :raises FileExistsError: ``path`` exists already (sharded checkpoints are written
@@ -86,7 +87,10 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
     """Load the DCP checkpoint at ``path`` into the objects of ``state`` in place, on
     every rank together; return the plain values that were saved.
 
-    The world size may differ from the one that saved (DCP reshards).
+    The world size may differ from the one that saved (DCP reshards). Under XLA SPMD
+    the model and its optimizers are loaded in place through torch_xla's
+    ``SPMDLoadPlanner`` (shardings and ties kept); an optimizer without state is
+    primed first, as DCP loads only into tensors that exist.
 
     :raises FileNotFoundError: no checkpoint at ``path``.
     """
