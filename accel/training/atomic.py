@@ -17,14 +17,11 @@ that contains itself is stored as ``torch.save`` stores it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import pickle
 import socket
-import sys
 import types
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
@@ -35,11 +32,6 @@ __all__ = ["TEMPORARY_MARK", "atomic_save", "is_temporary"]
 
 #: Part of every temporary file's name: ``.<name>.<host>.<pid>.accel-tmp``.
 TEMPORARY_MARK: Final = ".accel-tmp"
-
-#: Every this many bytes written, the kernel is asked to start writing them to the
-#: disk (write-behind), so the closing ``fsync`` waits for the tail only instead of
-#: the whole file: the disk works while torch serialises the rest.
-WRITE_BEHIND_BYTES: Final = 16 * 2**20
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -96,14 +88,11 @@ class _RecordingFile:
     path nor the reason; the recorded error says both.
     """
 
-    __slots__ = ("_flushed_to", "_offset", "_write_behind", "error", "file")
+    __slots__ = ("error", "file")
 
     def __init__(self, file: BinaryIO) -> None:
         self.file = file
         self.error: OSError | None = None
-        self._offset = 0  # bytes written so far
-        self._flushed_to = 0  # bytes handed to write-behind so far
-        self._write_behind = _sync_file_range()
 
     def write(self, data: Any) -> int:
         # An unbuffered file may write part of a chunk (a disk filling up): finish it,
@@ -116,17 +105,6 @@ class _RecordingFile:
         except OSError as exc:
             self.error = exc
             raise
-        self._offset += written
-        if self._write_behind is not None and self._offset - self._flushed_to >= WRITE_BEHIND_BYTES:
-            # Asynchronous, and only a head start: the fsync before the rename is what
-            # makes the file durable, and it reports any error the disk gives.
-            self._write_behind(
-                self.file.fileno(),
-                self._flushed_to,
-                self._offset - self._flushed_to,
-                _SYNC_FILE_RANGE_WRITE,
-            )
-            self._flushed_to = self._offset
         return written
 
     def flush(self) -> None:
@@ -169,29 +147,6 @@ class _CpuPickler(pickle.Pickler):
             self._copies.append(copy)
             return copy.__reduce_ex__(2)  # type: ignore[no-untyped-call]
         return NotImplemented
-
-
-_SYNC_FILE_RANGE_WRITE: Final = 2  # start writeback of dirty pages; do not wait
-_SyncFileRange = Callable[[int, int, int, int], int]
-_SYNC_FILE_RANGE: list[_SyncFileRange | None] = []
-
-
-def _sync_file_range() -> _SyncFileRange | None:
-    """Linux's ``sync_file_range`` (which :mod:`os` does not wrap), or None where there
-    is none: the write is then as durable, only the fsync waits longer."""
-    if not _SYNC_FILE_RANGE:
-        function: _SyncFileRange | None = None
-        if sys.platform.startswith("linux"):
-            try:
-                found = ctypes.CDLL(None, use_errno=True).sync_file_range
-            except (OSError, AttributeError):
-                pass
-            else:
-                found.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-                found.restype = ctypes.c_int
-                function = found
-        _SYNC_FILE_RANGE.append(function)
-    return _SYNC_FILE_RANGE[0]
 
 
 _PICKLE_MODULE: types.ModuleType | None = None
