@@ -65,7 +65,8 @@ def main() -> None:
         if step == kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
         if step % 3 == 0:
-            accel.distributed.save_sharded({**state, "step": step}, checkpoint_path(directory, step))
+            path = checkpoint_path(directory, step)
+            accel.distributed.save_sharded({**state, "step": step}, path)
     report["tied"] = model.head.weight is model.embed.weight
     report["parameters"] = {
         name: p.detach().cpu().reshape(-1).tolist() for name, p in model.named_parameters()
