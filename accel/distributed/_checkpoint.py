@@ -61,6 +61,8 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
             str(target),
         )
     rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        _remove_stale_temporaries(target)
     # Every rank must name the same directory: the main process's host and pid.
     word = [f".{target.name}.{socket.gethostname()}.{os.getpid()}.accel-tmp"]
     if dist.is_initialized():
@@ -185,6 +187,36 @@ def _is_optimizer(value: object) -> bool:
     import torch
 
     return isinstance(value, torch.optim.Optimizer)
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    """Remove the temporary directories of saves to ``target`` whose main process, on
+    this host, is gone (killed mid-save): a resumed run saves the same step again."""
+    prefix, mark = f".{target.name}.", ".accel-tmp"
+    host = socket.gethostname()
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return  # the save itself reports what is wrong with the directory
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(mark) and entry.is_dir()):
+            continue
+        owner_host, _, pid = name[len(prefix) : -len(mark)].rpartition(".")
+        if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def _fsync_directory(directory: Path) -> None:
