@@ -9,6 +9,10 @@ directory that looks like a checkpoint. Here DCP writes into a temporary directo
 beside the target, and once every rank's shards and the metadata are written, the
 main process renames it to the target (and fsyncs the parent): the target path holds
 a complete checkpoint, or is absent, or holds the previous one.
+
+Under XLA SPMD (:func:`init_spmd`) the same calls go through torch_xla's DCP planners
+(:mod:`accel.distributed._spmd_checkpoint`): one process writes every device's shards,
+with the same temporary directory and rename.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from accel.distributed._spmd_checkpoint import is_spmd, spmd_entry, spmd_load, spmd_save_planner
 
 if TYPE_CHECKING:
     from torch import nn
@@ -34,7 +40,8 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     ``state`` holds one module (sharded or not), optimizers over its parameters, and
     plain values (a step, :meth:`Accelerator.rng_state`). Every rank must call it with
     its own objects; each writes its shards, and every rank returns once the
-    checkpoint is complete at ``path``.
+    checkpoint is complete at ``path``. Under XLA SPMD (:func:`init_spmd`) the one
+    process writes every device's shards, through torch_xla's ``SPMDSavePlanner``.
 
     :raises TypeError: ``state`` is not a dict, or holds no module or two.
     :raises FileExistsError: ``path`` exists already (sharded checkpoints are written
@@ -44,7 +51,8 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     from torch.distributed.checkpoint import state_dict_saver
 
     target = Path(os.fspath(path))
-    _, app_state = _app_state(state, "save_sharded")
+    spmd = is_spmd()
+    _, app_state = _app_state(state, "save_sharded", spmd)
     if target.exists():
         raise FileExistsError(
             17,
@@ -53,13 +61,17 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
             str(target),
         )
     rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        _remove_stale_temporaries(target)
     # Every rank must name the same directory: the main process's host and pid.
     word = [f".{target.name}.{socket.gethostname()}.{os.getpid()}.accel-tmp"]
     if dist.is_initialized():
         dist.broadcast_object_list(word, src=0)
     temporary = target.with_name(word[0])
     try:
-        state_dict_saver.save(app_state, checkpoint_id=str(temporary))  # ends with every rank done
+        planner = spmd_save_planner() if spmd else None
+        # Ends with every rank done.
+        state_dict_saver.save(app_state, checkpoint_id=str(temporary), planner=planner)
         if dist.is_initialized():
             dist.barrier()
         if rank == 0:
@@ -77,7 +89,10 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
     """Load the DCP checkpoint at ``path`` into the objects of ``state`` in place, on
     every rank together; return the plain values that were saved.
 
-    The world size may differ from the one that saved (DCP reshards).
+    The world size may differ from the one that saved (DCP reshards). Under XLA SPMD
+    the model and its optimizers are loaded in place through torch_xla's
+    ``SPMDLoadPlanner`` (shardings and ties kept); an optimizer without state is
+    primed first, as DCP loads only into tensors that exist.
 
     :raises FileNotFoundError: no checkpoint at ``path``.
     """
@@ -95,10 +110,20 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
             f".metadata); check the path, or find the newest with latest_checkpoint()",
             str(target),
         )
-    model, app_state = _app_state(state, "load_sharded")
-    state_dict_loader.load(app_state, checkpoint_id=str(target), planner=_weights_only_planner())
+    spmd = is_spmd()
+    model, app_state = _app_state(state, "load_sharded", spmd)
+
+    def read(into: dict[str, Any], planner: Any) -> None:
+        state_dict_loader.load(into, checkpoint_id=str(target), planner=planner)
+
+    if spmd:
+        spmd_load(model, state, app_state, read)
+    else:
+        read(app_state, _weights_only_planner())
     plain = dict(app_state[_PLAIN])
     for key, value in state.items():
+        if spmd and (value is model or _is_optimizer(value)):
+            continue  # loaded in place by spmd_load
         if value is model:
             set_model_state_dict(model, app_state[key])
         elif _is_optimizer(value):
@@ -125,7 +150,9 @@ def _weights_only_planner() -> Any:
     return WeightsOnlyLoadPlanner()
 
 
-def _app_state(state: Mapping[str, Any], caller: str) -> tuple[nn.Module, dict[str, Any]]:
+def _app_state(
+    state: Mapping[str, Any], caller: str, spmd: bool
+) -> tuple[nn.Module, dict[str, Any]]:
     from torch import nn
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -143,7 +170,9 @@ def _app_state(state: Mapping[str, Any], caller: str) -> tuple[nn.Module, dict[s
     model = state[modules[0]]
     app_state: dict[str, Any] = {_PLAIN: {}}
     for key, value in state.items():
-        if value is model:
+        if spmd and (value is model or _is_optimizer(value)):
+            app_state[key] = spmd_entry(model, value)
+        elif value is model:
             app_state[key] = get_model_state_dict(model)
         elif _is_optimizer(value):
             app_state[key] = get_optimizer_state_dict(model, value)
@@ -158,6 +187,36 @@ def _is_optimizer(value: object) -> bool:
     import torch
 
     return isinstance(value, torch.optim.Optimizer)
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    """Remove the temporary directories of saves to ``target`` whose main process, on
+    this host, is gone (killed mid-save): a resumed run saves the same step again."""
+    prefix, mark = f".{target.name}.", ".accel-tmp"
+    host = socket.gethostname()
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return  # the save itself reports what is wrong with the directory
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(mark) and entry.is_dir()):
+            continue
+        owner_host, _, pid = name[len(prefix) : -len(mark)].rpartition(".")
+        if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -1,0 +1,87 @@
+"""Saves an FSDP2 checkpoint on two ranks, or loads it on another world size.
+
+Usage: torchrun --nproc-per-node N fsdp_reshard.py save|load DIR
+
+``save`` (two ranks): a tied model sharded with ``fully_shard_tied``, two AdamW steps,
+``save_sharded`` to ``DIR/ckpt``. ``load`` (any number of ranks): the same model,
+sharded over this world, ``load_sharded`` from ``DIR/ckpt``. Either way the main process writes
+the full (gathered) parameters and AdamW moments to ``DIR/<mode>.pt``, to compare.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import accel.distributed
+
+VOCAB, WIDTH = 16, 8
+
+
+class TiedLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.body = nn.Linear(WIDTH, WIDTH)
+        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(self.embed(tokens))))
+
+
+def main() -> int:
+    mode, directory = sys.argv[1], Path(sys.argv[2])
+    context = accel.distributed.init_process_group("cpu", timeout=60)
+    acc = context.accelerator
+    acc.manual_seed(100 + context.world_size)  # the load must not depend on its own init
+    model = acc.model_to_device(TiedLM())
+    accel.distributed.fully_shard_tied(model, [model.embed, model.head])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = {"model": model, "optimizer": optimizer}
+    if mode == "save":
+        data = torch.Generator().manual_seed(7)
+        for _ in range(2):
+            tokens = torch.randint(0, VOCAB, (2, 5), generator=data)
+            model(tokens).logsumexp(-1).mean().backward()
+            acc.optimizer_step(optimizer)
+            optimizer.zero_grad()
+        accel.distributed.save_sharded({**state, "step": 2}, directory / "ckpt")
+        step = 2
+    else:
+        step = accel.distributed.load_sharded(directory / "ckpt", {**state, "step": 0})["step"]
+    names = dict(model.named_parameters())
+    full = {name: _full(p) for name, p in names.items()}
+    moments = {
+        f"{name}.{key}": _full(optimizer.state[p][key])
+        for name, p in names.items()
+        for key in ("exp_avg", "exp_avg_sq")
+    }
+    report = {
+        "parameters": full,
+        "moments": moments,
+        "step": step,
+        "world_size": context.world_size,
+        "tied": model.head.weight is model.embed.weight,
+    }
+    acc.save(report, directory / f"{mode}.pt")  # every rank calls it; the main one writes
+    accel.distributed.destroy_process_group()
+    return 0
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    full = getattr(tensor, "full_tensor", None)  # a DTensor shard: gather it (collective)
+    return (full() if callable(full) else tensor).detach()
+
+
+if __name__ == "__main__":
+    code = main()
+    # See train_tied.py: torch's gloo teardown can abort at interpreter exit.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    import os
+
+    os._exit(code)
