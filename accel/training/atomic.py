@@ -20,6 +20,8 @@ import contextlib
 import errno
 import os
 import pickle
+import re
+import secrets
 import socket
 import types
 from pathlib import Path
@@ -30,7 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TEMPORARY_MARK", "atomic_save", "is_temporary"]
 
-#: Part of every temporary file's name: ``.<name>.<host>.<pid>.accel-tmp``.
+#: Part of every temporary file's name: ``.<name>.<host>.<pid>.<random>.accel-tmp``
+#: (the random part keeps two saves to one path, from two threads, apart).
 TEMPORARY_MARK: Final = ".accel-tmp"
 
 
@@ -38,23 +41,17 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
     """Write ``obj`` to ``path`` with ``torch.save``, atomically and durably, its
     tensors on the CPU.
 
+    Saves to one path from several threads or processes never see each other's
+    temporary file: each returns once ``path`` holds a complete checkpoint (its own or
+    a later one). A symbolic link at ``path`` is replaced by the new file; the file it
+    pointed to is left as it was.
+
     :raises OSError: the file could not be written (missing directory, permissions, a
         full disk); the message names ``path`` and ``path`` is as it was.
     """
     target = Path(os.fspath(path))
     _remove_stale_temporaries(target)
-    temporary = target.with_name(
-        f".{target.name}.{socket.gethostname()}.{os.getpid()}{TEMPORARY_MARK}"
-    )
-    try:
-        # O_EXCL: never write through a file (or link) someone else left; mode 0o666
-        # minus the umask, as a plain open() would give.
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except FileExistsError:
-        _unlink(temporary)  # ours, from this very process: an earlier save that died
-        descriptor = _open_new(temporary, target)
-    except OSError as exc:
-        raise _naming(exc, target, "creating a file next to it") from exc
+    temporary, descriptor = _create_temporary(target)
     try:
         # Unbuffered: torch hands over large chunks, and a buffer would copy each once
         # more (a third of torch.save's own speed, measured on GPT-2-sized states).
@@ -168,11 +165,19 @@ def _cpu_pickle_module() -> types.ModuleType:
 # -- file-system details ------------------------------------------------------------------
 
 
-def _open_new(temporary: Path, target: Path) -> int:
-    try:
-        return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as exc:
-        raise _naming(exc, target, "creating a file next to it") from exc
+def _create_temporary(target: Path) -> tuple[Path, int]:
+    """A new temporary file next to ``target``, of this save alone, and its descriptor."""
+    owner = f".{target.name}.{socket.gethostname()}.{os.getpid()}"
+    while True:
+        temporary = target.with_name(f"{owner}.{secrets.token_hex(4)}{TEMPORARY_MARK}")
+        try:
+            # O_EXCL: never write through a file (or link) someone else left; mode 0o666
+            # minus the umask, as a plain open() would give.
+            return temporary, os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue  # another save drew the same random name: draw again
+        except OSError as exc:
+            raise _naming(exc, target, "creating a file next to it") from exc
 
 
 def _naming(exc: OSError, target: Path, doing: str) -> OSError:
@@ -217,6 +222,10 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
+# ``<host>.<pid>`` and, since saves from several threads, ``.<random>`` after them.
+_OWNER: Final = re.compile(r"(?P<host>.+)\.(?P<pid>\d+)(?:\.[0-9a-f]{8})?")
+
+
 def _remove_stale_temporaries(target: Path) -> None:
     """Remove the temporaries of saves to ``target`` whose process, on this host, is gone."""
     prefix = f".{target.name}."
@@ -229,8 +238,10 @@ def _remove_stale_temporaries(target: Path) -> None:
         name = entry.name
         if not (name.startswith(prefix) and name.endswith(TEMPORARY_MARK)):
             continue
-        owner_host, _, pid = name[len(prefix) : -len(TEMPORARY_MARK)].rpartition(".")
-        if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+        owner = _OWNER.fullmatch(name[len(prefix) : -len(TEMPORARY_MARK)])
+        if owner is None:
+            continue  # not a name atomic_save gives
+        if owner["host"] == host and not _alive(int(owner["pid"])):
             with contextlib.suppress(OSError):
                 os.unlink(entry.path)
 
