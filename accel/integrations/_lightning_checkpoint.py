@@ -60,7 +60,8 @@ class AccelCheckpointIO(CheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        """Write ``checkpoint`` to the local file ``path`` with the accelerator's ``save``.
+        """Write ``checkpoint`` to the local file ``path`` atomically and durably, as
+        the accelerator's ``save`` writes (Lightning calls this on one rank only).
 
         :raises TypeError: ``storage_options`` was given (accel's ``save`` takes none).
         """
@@ -70,9 +71,14 @@ class AccelCheckpointIO(CheckpointIO):
                 f"storage_options (got {storage_options!r}); drop the argument, or pass "
                 f"checkpoint_io= a CheckpointIO that understands it"
             )
+        from accel.training.atomic import atomic_save
+
         target = Path(os.fspath(path))
         target.parent.mkdir(parents=True, exist_ok=True)
-        self.handle().save(checkpoint, target)
+        # Lightning calls this on the global rank 0 alone, so not acc.save, whose
+        # distributed write waits for every rank; the same atomic, durable write.
+        self.handle().mark_step()  # XLA: run what is pending, so tensors cross as data
+        atomic_save(checkpoint, target)
 
     @override
     def load_checkpoint(
