@@ -31,10 +31,20 @@ class PreemptionGuard:
     """Notes preemption signals while active; ``requested`` says when to save and stop.
 
     Use it through :meth:`Accelerator.preemption_guard`. Signal handlers can only be set
-    from the main thread, so it must be entered there.
+    from the main thread, so it must be entered there. Guards nest: a signal noted by
+    the inner one reaches the enclosing one too, and on exit the inner one passes on a
+    request it saw, so the outer loop stops as well.
     """
 
-    __slots__ = ("_device", "_pending", "_previous", "_requested", "_signals", "received")
+    __slots__ = (
+        "_device",
+        "_enclosing",
+        "_pending",
+        "_previous",
+        "_requested",
+        "_signals",
+        "received",
+    )
 
     def __init__(self, device: torch.device, *, signals: tuple[int, ...] | None = None) -> None:
         self._device = device
@@ -42,6 +52,8 @@ class PreemptionGuard:
         self._previous: dict[int, Any] = {}
         self._pending: tuple[Any, torch.Tensor] | None = None
         self._requested = False
+        #: The guard this one was entered inside (``None``: the outermost).
+        self._enclosing: PreemptionGuard | None = None
         #: The signal noted in this process (``None``: none yet).
         self.received: int | None = None
 
@@ -53,6 +65,7 @@ class PreemptionGuard:
             )
         for number in self._signals:
             self._previous[number] = signal.signal(number, self._note)
+            self._enclosing = self._enclosing or _guard_of(self._previous[number])
         return self
 
     def __exit__(
@@ -67,9 +80,20 @@ class PreemptionGuard:
         if self._pending is not None:
             self._pending[0].wait()  # leave no collective half done
             self._pending = None
+        outer, self._enclosing = self._enclosing, None
+        if outer is not None:
+            # A signal the outer guard does not watch, or a request the ranks agreed on
+            # in here, still means: stop. (Agreement is reached at the same read on
+            # every rank, so every rank passes it on alike.)
+            if outer.received is None:
+                outer.received = self.received
+            outer._requested = outer._requested or self._requested
 
     def _note(self, number: int, frame: FrameType | None) -> None:
         self.received = number
+        outer = _guard_of(self._previous.get(number))
+        if outer is not None:  # nested: the enclosing guard's loop must stop too
+            outer._note(number, frame)
 
     @property
     def requested(self) -> bool:
@@ -99,3 +123,9 @@ class PreemptionGuard:
         flag = torch.tensor([int(local)], dtype=torch.int32, device=device)
         self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
         return False
+
+
+def _guard_of(handler: object) -> PreemptionGuard | None:
+    """The guard whose handler ``handler`` is, if it is one."""
+    owner = getattr(handler, "__self__", None)
+    return owner if isinstance(owner, PreemptionGuard) else None
