@@ -25,6 +25,9 @@ __all__ = ["DEFAULT_SIGNALS", "PreemptionGuard"]
 #: time limit) and SIGUSR1 (SLURM's ``--signal=USR1@90``).
 DEFAULT_SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1)
 
+#: The guards entered and not yet left, innermost last.
+_ENTERED: Final[list[PreemptionGuard]] = []
+
 
 @final
 class PreemptionGuard:
@@ -65,7 +68,10 @@ class PreemptionGuard:
             )
         for number in self._signals:
             self._previous[number] = signal.signal(number, self._note)
-            self._enclosing = self._enclosing or _guard_of(self._previous[number])
+        # Handlers are per signal, so a guard for other signals would not be found
+        # through them: the guards entered (in the main thread) are a stack.
+        self._enclosing = _ENTERED[-1] if _ENTERED else None
+        _ENTERED.append(self)
         return self
 
     def __exit__(
@@ -80,6 +86,8 @@ class PreemptionGuard:
         if self._pending is not None:
             self._pending[0].wait()  # leave no collective half done
             self._pending = None
+        if self in _ENTERED:
+            _ENTERED.remove(self)
         outer, self._enclosing = self._enclosing, None
         if outer is not None:
             # A signal the outer guard does not watch, or a request the ranks agreed on
@@ -91,9 +99,8 @@ class PreemptionGuard:
 
     def _note(self, number: int, frame: FrameType | None) -> None:
         self.received = number
-        outer = _guard_of(self._previous.get(number))
-        if outer is not None:  # nested: the enclosing guard's loop must stop too
-            outer._note(number, frame)
+        if self._enclosing is not None:  # nested: the enclosing guard's loop must stop too
+            self._enclosing._note(number, frame)
 
     @property
     def requested(self) -> bool:
@@ -124,8 +131,3 @@ class PreemptionGuard:
         self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
         return False
 
-
-def _guard_of(handler: object) -> PreemptionGuard | None:
-    """The guard whose handler ``handler`` is, if it is one."""
-    owner = getattr(handler, "__self__", None)
-    return owner if isinstance(owner, PreemptionGuard) else None
