@@ -130,4 +130,3 @@ class PreemptionGuard:
         flag = torch.tensor([int(local)], dtype=torch.int32, device=device)
         self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
         return False
-
