@@ -311,9 +311,9 @@ def _check_optimizer_state(key: str | None, optimizer: Any, stored: Any, path: s
         parameter = parameters.get(saved_id)
         if parameter is None or not isinstance(entries, Mapping):
             continue
-        for name in _PARAMETER_SHAPED.intersection(entries):
-            value = entries[name]
-            if isinstance(value, torch.Tensor) and value.shape != parameter.shape:
+        for name, value in entries.items():  # in the state's order: the first one named
+            tensor = isinstance(value, torch.Tensor) and name in _PARAMETER_SHAPED
+            if tensor and value.shape != parameter.shape:
                 raise ValueError(
                     f"load: optimizer state {name!r} of parameter {saved_id!r} in {entry} "
                     f"has shape {tuple(value.shape)}, but that parameter of the {kind} of "
