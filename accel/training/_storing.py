@@ -94,6 +94,8 @@ def check_loadable(obj: Any) -> None:
         seen.add(id(value))
         if type(value) in _MAPPINGS:
             pending.extend((f"{path}[{name!r}]", item) for name, item in value.items())
+            # The keys are pickled too: an object of a class of its own as a key fails alike.
+            pending.extend((f"{path}[{name!r}] (the key itself)", name) for name in value)
         elif type(value) in (*_SEQUENCES, set):
             pending.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
         else:

@@ -78,6 +78,7 @@ class _Point(NamedTuple):
         ({"fn": len}, r"obj\['fn'\]", "builtin_function_or_method"),
         ({"x": __import__("numpy").float64(1.0)}, r"obj\['x'\]", "numpy.float64"),
         (object(), "the object itself", "builtins.object"),
+        ({"k": {_Point(1): 1}}, r"obj\['k'\]\[_Point\(x=1\)\] \(the key itself\)", "_Point"),
     ],
 )
 def test_what_load_could_not_read_is_refused_before_anything_is_written(
