@@ -47,11 +47,14 @@ class CheckpointMethods(TrainingStepMethods):
         (shared tensors stay shared); in a distributed job only the main process
         writes, and every process returns once the file is complete.
 
-        In a dict, modules, optimizers, LR schedulers and grad scalers are stored as
-        their state dicts (a module's through :meth:`state_dict`, a tied weight once);
-        other values as they are. ``path`` holds the previous file or the new one at
-        any moment, never a torn one. Saving leaves every random generator as it was.
+        Modules, optimizers, LR schedulers and grad scalers are stored as their state
+        dicts (a module's through :meth:`state_dict`, a tied weight once), as ``obj``
+        itself or anywhere in its dicts, lists and tuples; other values as they are.
+        ``path`` holds the previous file or the new one at any moment, never a torn
+        one. Saving leaves every random generator as it was.
 
+        :raises TypeError: something in ``obj`` that :meth:`load` could not read back
+            (``weights_only``), named by its key path; nothing is written.
         :raises OSError: the file could not be written; the message names ``path``,
             and the previous file there is unchanged.
         """
@@ -72,28 +75,33 @@ class CheckpointMethods(TrainingStepMethods):
         finally:
             self._hooks.set_rng_state(device_rng, self.device)
 
-    def load(self, path: str | os.PathLike[str], state: Mapping[str, Any] | None = None) -> Any:
+    def load(self, path: str | os.PathLike[str], state: Any = None) -> Any:
         """Read a checkpoint :meth:`save` wrote, with ``weights_only=True``.
 
         Without ``state``: the stored object, its tensors on the CPU. With ``state``
         (the dict that was saved, say): every value with ``load_state_dict`` gets its
         stored state in place (a module keeps its device and its ties, optimizer state
-        lands on its parameters' device), and the other stored entries are returned as
-        a dict. Nothing changes unless everything fits.
+        lands on its parameters' device; a compiled model through the model it wraps),
+        and the other stored entries are returned as a dict. ``state`` may also be the
+        one object that was saved on its own (``save(model, path)`` stores the model's
+        state dict; ``load(path, model)`` restores it and returns ``{}``). Nothing
+        changes unless everything fits: modules' keys and shapes, optimizers' parameter
+        groups and parameter-shaped state are all checked first.
 
         :raises FileNotFoundError: no file at ``path``.
         :raises KeyError: a key of ``state`` with ``load_state_dict`` is not in the file.
         :raises ValueError: the file is not a checkpoint, or a module's parameters differ
-            in name or shape (named).
+            in name or shape, or an optimizer's parameter groups (named).
         :raises pickle.UnpicklingError: the file holds objects ``weights_only`` refuses.
         """
         from accel.training.checkpoint import restore_into
 
         _check_path("load", path)
-        if state is not None and not isinstance(state, Mapping):
+        if not (state is None or isinstance(state, Mapping) or hasattr(state, "load_state_dict")):
             raise TypeError(
                 f"load(path, state) expects state to be a dict of the objects to restore "
-                f"(model, optimizer, ...), got {type(state).__name__}"
+                f"(model, optimizer, ...) or one object with load_state_dict, got "
+                f"{type(state).__name__}"
             )
         stored = self._hooks.load(path)
         if state is None:

@@ -14,7 +14,7 @@ import os
 import pickle
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     import torch
@@ -84,23 +84,22 @@ def is_main_process() -> bool:
 
 
 def storable(obj: Any, module_state: Callable[[Any], dict[str, Any]]) -> Any:
-    """``obj`` as it is stored: in a dict, a value with ``state_dict()`` (a module, an
-    optimizer, an LR scheduler, a grad scaler) becomes its state dict, a module's
-    through ``module_state``; anything else is ``obj`` itself, untouched."""
-    from torch import nn
+    """``obj`` as it is stored: an object with ``state_dict()`` (a module, an optimizer,
+    an LR scheduler, a grad scaler), at the top or anywhere in dicts, lists and tuples,
+    becomes its state dict, a module's through ``module_state``; the rest is kept.
 
-    if not isinstance(obj, Mapping) or not any(_has_state(v) for v in obj.values()):
-        return obj  # the very object: one that contains itself still does
-    return {
-        key: (
-            module_state(value)
-            if isinstance(value, nn.Module)
-            else value.state_dict()
-            if _has_state(value)
-            else value
-        )
-        for key, value in obj.items()
-    }
+    Containers on the way to such an object are copied (a state dict keeps its
+    ``_metadata``); where there is none, ``obj`` itself comes back, so one that contains
+    itself still does. Then everything must be something ``weights_only`` loading reads
+    back, checked before anything is written.
+
+    :raises TypeError: a value ``acc.load`` could not read; the message gives its path.
+    """
+    from accel.training._storing import check_loadable, convert_stateful
+
+    stored = convert_stateful(obj, module_state, _has_state)
+    check_loadable(stored)
+    return stored
 
 
 def save_on_main_process(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -171,18 +170,27 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
         raise _not_a_checkpoint(name, exc) from exc
 
 
-def restore_into(stored: Any, state: Mapping[str, Any], path: str) -> dict[str, Any]:
+def restore_into(stored: Any, state: Any, path: str) -> dict[str, Any]:
     """Load ``stored[key]`` into every value of ``state`` with ``load_state_dict``, in
     place; return the stored entries that were not loaded into anything.
 
-    Everything is checked before anything changes: a missing key or a module whose
-    shapes differ leaves every object as it was.
+    ``state`` may also be one object with ``load_state_dict`` (what ``acc.save(model,
+    path)`` stored is the model's state dict): it gets all of ``stored``, and ``{}``
+    comes back. A compiled model (``torch.compile``) is loaded through the model it
+    wraps, as :meth:`Accelerator.state_dict` saved it.
+
+    Everything is checked before anything changes: a missing key, a module whose keys
+    or shapes differ or an optimizer whose parameter groups differ leaves every object
+    as it was.
 
     :raises KeyError: a key of ``state`` with ``load_state_dict`` is not in the file.
-    :raises ValueError: the file holds no dict, or a module's keys or shapes differ.
+    :raises ValueError: the file holds no dict, or a module's keys or shapes differ, or
+        an optimizer's parameter groups.
     """
-    from torch import nn
-
+    if not isinstance(state, Mapping):  # one object, saved on its own
+        _check_entry(None, state, stored, path)
+        _target(state).load_state_dict(stored)
+        return {}
     if not isinstance(stored, Mapping):
         raise ValueError(
             f"load: {path!r} holds a {type(stored).__name__}, not a dict of entries, so "
@@ -197,41 +205,125 @@ def restore_into(stored: Any, state: Mapping[str, Any], path: str) -> dict[str, 
             f"load, or leave that key out of state"
         )
     for key, target in targets.items():
-        if isinstance(target, nn.Module):
-            _check_module_state(key, target, stored[key], path)
+        _check_entry(key, target, stored[key], path)
+    from torch import nn
+
     # Modules first: an optimizer puts its state on its parameters' device.
     order = sorted(targets, key=lambda key: not isinstance(targets[key], nn.Module))
     for key in order:
-        targets[key].load_state_dict(stored[key])
+        _target(targets[key]).load_state_dict(stored[key])
     return {key: value for key, value in stored.items() if key not in targets}
 
 
-def _check_module_state(key: str, module: Any, stored: Any, path: str) -> None:
+def _target(value: Any) -> Any:
+    from torch import nn
+
+    from accel.training.compiling import unwrap_compiled
+
+    # A compiled model's own state_dict() prefixes every key with "_orig_mod."; the
+    # checkpoint (acc.state_dict) has the plain model's keys.
+    return unwrap_compiled(value) if isinstance(value, nn.Module) else value
+
+
+def _check_entry(key: str | None, target: Any, stored: Any, path: str) -> None:
+    import torch
+    from torch import nn
+
+    if isinstance(target, nn.Module):
+        _check_module_state(key, _target(target), stored, path)
+    elif isinstance(target, torch.optim.Optimizer):
+        _check_optimizer_state(key, target, stored, path)
+
+
+def _check_module_state(key: str | None, module: Any, stored: Any, path: str) -> None:
     import torch
 
+    entry, slot = _where(key, path), "state" if key is None else f"state[{key!r}]"
     if not isinstance(stored, Mapping):
         raise ValueError(
-            f"load: entry {key!r} of {path!r} is a {type(stored).__name__}, not a state "
-            f"dict, so it cannot be loaded into the {type(module).__name__} of state[{key!r}]"
+            f"load: {entry} is a {type(stored).__name__}, not a state dict, so it cannot "
+            f"be loaded into the {type(module).__name__} of {slot}"
         )
     current = module.state_dict()
     absent = [name for name in current if name not in stored]
     unexpected = [name for name in stored if name not in current]
     if absent or unexpected:
         raise ValueError(
-            f"load: entry {key!r} of {path!r} does not fit the {type(module).__name__} of "
-            f"state[{key!r}]: missing {absent or 'nothing'}, unexpected "
-            f"{unexpected or 'nothing'}; build the model as it was when saved"
+            f"load: {entry} does not fit the {type(module).__name__} of {slot}: missing "
+            f"{absent or 'nothing'}, unexpected {unexpected or 'nothing'}; build the model "
+            f"as it was when saved"
         )
     for name, tensor in current.items():
         saved = stored[name]
         tensors = isinstance(tensor, torch.Tensor) and isinstance(saved, torch.Tensor)
         if tensors and saved.shape != tensor.shape:
             raise ValueError(
-                f"load: parameter {name!r} of entry {key!r} in {path!r} has shape "
-                f"{tuple(saved.shape)}, but the model's has shape {tuple(tensor.shape)}; "
-                f"build the model with the configuration it was saved with"
+                f"load: parameter {name!r} of {entry} has shape {tuple(saved.shape)}, but "
+                f"the model's has shape {tuple(tensor.shape)}; build the model with the "
+                f"configuration it was saved with"
             )
+
+
+#: Optimizer state entries shaped like their parameter (Adam's moments, SGD's momentum,
+#: RMSprop's and Adagrad's sums, Rprop's steps): cheap to check before loading. Others
+#: (Adafactor's factored rows, scalar steps) have shapes of their own.
+_PARAMETER_SHAPED: Final = frozenset(
+    {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "momentum_buffer",
+     "square_avg", "grad_avg", "acc_delta", "sum", "prev", "step_size", "ax"}
+)  # fmt: skip
+
+
+def _check_optimizer_state(key: str | None, optimizer: Any, stored: Any, path: str) -> None:
+    """What ``Optimizer.load_state_dict`` would refuse (or get wrong) only after the
+    model was restored: the groups, their sizes, the parameter-shaped state."""
+    import torch
+
+    entry, kind = _where(key, path), type(optimizer).__name__
+    slot = "state" if key is None else f"state[{key!r}]"
+    groups = stored.get("param_groups") if isinstance(stored, Mapping) else None
+    if not isinstance(groups, list) or not isinstance(stored.get("state"), Mapping):
+        raise ValueError(
+            f"load: {entry} is not an optimizer's state dict (no 'state' and "
+            f"'param_groups'), so it cannot be loaded into the {kind} of {slot}; save "
+            f"the optimizer itself under that key"
+        )
+    ours = optimizer.param_groups
+    if len(groups) != len(ours):
+        raise ValueError(
+            f"load: {entry} holds {len(groups)} parameter group(s), but the {kind} of "
+            f"{slot} has {len(ours)}; build the optimizer with the parameter groups it "
+            f"was saved with"
+        )
+    for index, (saved, group) in enumerate(zip(groups, ours, strict=True)):
+        count = len(saved.get("params", ())) if isinstance(saved, Mapping) else -1
+        if count != len(group["params"]):
+            raise ValueError(
+                f"load: parameter group {index} of {entry} has {count} parameter(s), but "
+                f"that group of the {kind} of {slot} has {len(group['params'])}; build the "
+                f"optimizer with the parameter groups it was saved with"
+            )
+    parameters = {
+        saved_id: parameter
+        for saved, group in zip(groups, ours, strict=True)
+        for saved_id, parameter in zip(saved["params"], group["params"], strict=True)
+    }
+    for saved_id, entries in stored["state"].items():
+        parameter = parameters.get(saved_id)
+        if parameter is None or not isinstance(entries, Mapping):
+            continue
+        for name, value in entries.items():  # in the state's order: the first one named
+            tensor = isinstance(value, torch.Tensor) and name in _PARAMETER_SHAPED
+            if tensor and value.shape != parameter.shape:
+                raise ValueError(
+                    f"load: optimizer state {name!r} of parameter {saved_id!r} in {entry} "
+                    f"has shape {tuple(value.shape)}, but that parameter of the {kind} of "
+                    f"{slot} has shape {tuple(parameter.shape)}; build the model and "
+                    f"optimizer with the configuration they were saved with"
+                )
+
+
+def _where(key: str | None, path: str) -> str:
+    return f"{path!r}" if key is None else f"entry {key!r} of {path!r}"
 
 
 def _has_state(value: Any) -> bool:

@@ -25,16 +25,29 @@ __all__ = ["DEFAULT_SIGNALS", "PreemptionGuard"]
 #: time limit) and SIGUSR1 (SLURM's ``--signal=USR1@90``).
 DEFAULT_SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1)
 
+#: The guards entered and not yet left, innermost last.
+_ENTERED: Final[list[PreemptionGuard]] = []
+
 
 @final
 class PreemptionGuard:
     """Notes preemption signals while active; ``requested`` says when to save and stop.
 
     Use it through :meth:`Accelerator.preemption_guard`. Signal handlers can only be set
-    from the main thread, so it must be entered there.
+    from the main thread, so it must be entered there. Guards nest: a signal noted by
+    the inner one reaches the enclosing one too, and on exit the inner one passes on a
+    request it saw, so the outer loop stops as well.
     """
 
-    __slots__ = ("_device", "_pending", "_previous", "_requested", "_signals", "received")
+    __slots__ = (
+        "_device",
+        "_enclosing",
+        "_pending",
+        "_previous",
+        "_requested",
+        "_signals",
+        "received",
+    )
 
     def __init__(self, device: torch.device, *, signals: tuple[int, ...] | None = None) -> None:
         self._device = device
@@ -42,6 +55,8 @@ class PreemptionGuard:
         self._previous: dict[int, Any] = {}
         self._pending: tuple[Any, torch.Tensor] | None = None
         self._requested = False
+        #: The guard this one was entered inside (``None``: the outermost).
+        self._enclosing: PreemptionGuard | None = None
         #: The signal noted in this process (``None``: none yet).
         self.received: int | None = None
 
@@ -53,6 +68,10 @@ class PreemptionGuard:
             )
         for number in self._signals:
             self._previous[number] = signal.signal(number, self._note)
+        # Handlers are per signal, so a guard for other signals would not be found
+        # through them: the guards entered (in the main thread) are a stack.
+        self._enclosing = _ENTERED[-1] if _ENTERED else None
+        _ENTERED.append(self)
         return self
 
     def __exit__(
@@ -67,9 +86,21 @@ class PreemptionGuard:
         if self._pending is not None:
             self._pending[0].wait()  # leave no collective half done
             self._pending = None
+        if self in _ENTERED:
+            _ENTERED.remove(self)
+        outer, self._enclosing = self._enclosing, None
+        if outer is not None:
+            # A signal the outer guard does not watch, or a request the ranks agreed on
+            # in here, still means: stop. (Agreement is reached at the same read on
+            # every rank, so every rank passes it on alike.)
+            if outer.received is None:
+                outer.received = self.received
+            outer._requested = outer._requested or self._requested
 
     def _note(self, number: int, frame: FrameType | None) -> None:
         self.received = number
+        if self._enclosing is not None:  # nested: the enclosing guard's loop must stop too
+            self._enclosing._note(number, frame)
 
     @property
     def requested(self) -> bool:

@@ -1015,6 +1015,15 @@ def _ckpt_save_disk_full(mp: pytest.MonkeyPatch) -> object:
         assert torch.equal(torch.load(path)["small"], torch.zeros(4))
 
 
+@case("ckpt-save-unloadable", TypeError)
+def _ckpt_save_unloadable(mp: pytest.MonkeyPatch) -> object:
+    path = _saved({"step": 0})
+    try:
+        return _cpu().save({"step": 1, "fn": len}, path)
+    finally:
+        assert _cpu().load(path) == {"step": 0}  # nothing written
+
+
 @case("ckpt-save-path-int", TypeError)
 def _ckpt_save_path_int(mp: pytest.MonkeyPatch) -> object:
     return _cpu().save({}, 3)  # type: ignore[arg-type]
@@ -1070,6 +1079,51 @@ def _ckpt_load_not_a_dict(mp: pytest.MonkeyPatch) -> object:
 @case("ckpt-load-state-list", TypeError)
 def _ckpt_load_state_list(mp: pytest.MonkeyPatch) -> object:
     return _cpu().load(_saved({}), [TiedLM()])  # type: ignore[arg-type]
+
+
+def _linear_and_sgd() -> Path:
+    saved = nn.Linear(2, 2)
+    return _saved({"model": saved, "optimizer": torch.optim.SGD(saved.parameters(), lr=0.1)})
+
+
+def _load_changing_nothing(path: Path, state: dict[str, Any]) -> object:
+    model = state.get("model")
+    before = [p.clone() for p in model.parameters()] if isinstance(model, nn.Module) else []
+    try:
+        return _cpu().load(path, state)
+    finally:
+        assert isinstance(model, nn.Module)
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@case("ckpt-load-optimizer-groups", ValueError)
+def _ckpt_load_optimizer_groups(mp: pytest.MonkeyPatch) -> object:
+    model = nn.Linear(2, 2)
+    groups = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias]}], lr=0.1)
+    return _load_changing_nothing(_linear_and_sgd(), {"model": model, "optimizer": groups})
+
+
+@case("ckpt-load-optimizer-group-size", ValueError)
+def _ckpt_load_optimizer_group_size(mp: pytest.MonkeyPatch) -> object:
+    model = nn.Linear(2, 2)
+    one = torch.optim.SGD([model.weight], lr=0.1)
+    return _load_changing_nothing(_linear_and_sgd(), {"model": model, "optimizer": one})
+
+
+@case("ckpt-load-optimizer-state-shape", ValueError)
+def _ckpt_load_optimizer_state_shape(mp: pytest.MonkeyPatch) -> object:
+    saved = TiedLM()
+    optimizer = torch.optim.AdamW(saved.parameters(), lr=0.1)
+    saved(torch.tensor([[1, 2]])).sum().backward()
+    optimizer.step()
+    path = _saved({"optimizer": optimizer})
+    return _cpu().load(path, {"optimizer": torch.optim.AdamW(TiedLM(vocab=20).parameters())})
+
+
+@case("ckpt-load-not-optimizer-state", ValueError)
+def _ckpt_load_not_optimizer_state(mp: pytest.MonkeyPatch) -> object:
+    optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    return _cpu().load(_saved({"model": nn.Linear(2, 2)}), {"model": optimizer})
 
 
 @case("ckpt-rng-other-device", ValueError)
