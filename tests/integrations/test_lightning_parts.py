@@ -143,7 +143,7 @@ class _Arbitrary:
 def test_checkpoint_io_loads_arbitrary_objects_only_when_told_to(tmp_path: Path) -> None:
     path = tmp_path / "object.ckpt"
     torch.save({"thing": _Arbitrary()}, path)
-    with pytest.raises(pickle.UnpicklingError, match="load refused .*nothing in it was run"):
+    with pytest.raises(pickle.UnpicklingError, match=r"load refused .*nothing in it was run"):
         AccelCheckpointIO().load_checkpoint(path)
     loaded = AccelCheckpointIO().load_checkpoint(path, weights_only=False)
     assert isinstance(loaded["thing"], _Arbitrary)
