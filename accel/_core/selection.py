@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import NamedTuple, NoReturn, final
 
-from accel._core.catalog import Catalog, Registration
+from accel._core.catalog import BUILTIN_PROVIDER, Catalog, Registration
 from accel._core.dispatch import AcceleratorHooks, Dispatcher
 from accel._core.names import (
     ACCELERATOR_ENV,
@@ -190,10 +190,17 @@ class Selector:
                 break
         rows = self.rows()
         reasons = "; ".join(f"{row.name}: {row.reason or 'not chosen by auto'}" for row in rows)
+        # Advising to register the built-ins is right only where they are not.
+        builtins = any(row.provider == BUILTIN_PROVIDER for row in rows)
+        remedy = (
+            "Install (or fix) a plugin for an accelerator this machine has, or select one "
+            "by name; `accel list` shows each one's reason."
+            if builtins
+            else "Register the built-in plugins (builtins=True) or install a plugin."
+        )
         raise AcceleratorUnavailableError(
             f"'auto'{source} found no available accelerator "
-            f"({reasons or 'none is registered'}). "
-            f"Register the built-in plugins (builtins=True) or install a plugin.",
+            f"({reasons or 'none is registered'}). {remedy}",
             accelerator=AUTO,
             reason="none available",
         )
