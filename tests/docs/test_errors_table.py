@@ -1214,6 +1214,12 @@ def _tpu_pjrt_unknown(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("tpu")
 
 
+@case("tpu-pjrt-lower-case", accel.AcceleratorUnavailableError)
+def _tpu_pjrt_lower_case(mp: pytest.MonkeyPatch) -> object:
+    _torch_xla(mp, installed=True, pjrt="cpu")
+    return isolated_registry().get_accelerator("tpu")
+
+
 @case("tpu-pjrt-cuda-no-plugin", accel.AcceleratorUnavailableError)
 def _tpu_pjrt_cuda_no_plugin(mp: pytest.MonkeyPatch) -> object:
     _started_torch_xla(mp, "CUDA", RuntimeError("No PjRtPlugin registered for: CUDA. Make sure"))
