@@ -13,8 +13,9 @@ leaves during the probe is then passed over (``"auto"``, listing) or reported as
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from typing import NamedTuple, NoReturn, final
+from typing import Final, NamedTuple, NoReturn, final
 
 from accel._core.catalog import BUILTIN_PROVIDER, Catalog, Registration
 from accel._core.dispatch import AcceleratorHooks, Dispatcher
@@ -139,7 +140,7 @@ class Selector:
             )
         # A shared alias ("gpu"): the best available of its accelerators.
         entries.sort(key=lambda e: (-e.registration.spec.priority, e.registration.spec.name))
-        probed = [(entry, entry.hooks.availability()) for entry in entries]
+        probed = [(entry, _probe(entry)) for entry in entries]
         for entry, availability in probed:
             if availability.available:
                 return entry
@@ -239,7 +240,7 @@ class Selector:
         availability = (
             Availability(False, reason=f"its name is claimed by {', '.join(disputed)}", auto=False)
             if disputed
-            else hooks.availability()
+            else _probe(entry)
         )
         count, count_failed = 0, False
         # An available accelerator keeps its reason only when it explains why "auto"
@@ -263,6 +264,24 @@ class Selector:
             remedy=availability.remedy if not availability.available else "",
             auto=availability.auto,
         )
+
+
+#: How :meth:`AcceleratorHooks.availability` begins the reason of a probe that raised.
+_PROBE_RAISED: Final = "probing it failed: "
+
+
+def _probe(entry: _Entry) -> Availability:
+    """The accelerator's availability; where its probe raised, with what to do about it
+    (the probe's own remedy is lost with its result), naming the plugin's provider."""
+    availability = entry.hooks.availability()
+    if availability.available or availability.remedy:
+        return availability
+    if not availability.reason.startswith(_PROBE_RAISED):
+        return availability
+    return dataclasses.replace(
+        availability,
+        remedy=f"fix the plugin, or report this to its authors ({entry.registration.provider})",
+    )
 
 
 def _auto_may_pick(hooks: AcceleratorHooks) -> bool:

@@ -450,6 +450,12 @@ def _step_clip_model(monkeypatch: pytest.MonkeyPatch) -> object:
     return cpu.clip_grad_norm_(model, max_norm=1.0)  # type: ignore[arg-type]
 
 
+@case("step-clip-no-max-norm", TypeError)
+def _step_clip_no_max_norm(monkeypatch: pytest.MonkeyPatch) -> object:
+    cpu, model, _ = _stepping()
+    return cpu.clip_grad_norm_(model.parameters())  # type: ignore[call-arg]
+
+
 @case("step-clip-negative", ValueError)
 def _step_clip_negative(monkeypatch: pytest.MonkeyPatch) -> object:
     cpu, model, _ = _stepping()
