@@ -215,6 +215,7 @@ class AcceleratorRegistry:
         specs = declared_specs(plugin, label, provider, dispatcher.validator())
         conflicts = self._catalog.conflicts(specs, provider)
         disputed_aliases: list[Conflict] = []
+        dropped_aliases: list[Conflict] = []  # aliases built-ins hold: the plugin loses them
         if conflicts and override:
             for holder in {id(c.holder.plugin): c.holder.plugin for c in conflicts}.values():
                 dispatcher.remove_plugin(holder, self._catalog.remove(holder))
@@ -228,9 +229,7 @@ class AcceleratorRegistry:
             for conflict in builtin:
                 if conflict.is_canonical:
                     raise _builtin_conflict_error(conflict, specs, label, provider)
-            if builtin:
-                specs = _without_builtin_aliases(specs, builtin, label, provider)
-                conflicts = [c for c in conflicts if c.holder.provider != BUILTIN_PROVIDER]
+            conflicts = [c for c in conflicts if c.holder.provider != BUILTIN_PROVIDER]
             # Two installed distributions claim a name: selecting it then raises, naming
             # both, whichever was installed first. A disputed alias costs neither plugin
             # its own names; a disputed canonical name keeps the second plugin out.
@@ -240,15 +239,19 @@ class AcceleratorRegistry:
             if canonical:
                 raise _conflict_error(canonical[0], specs, label, provider)
             disputed_aliases = conflicts
-            for conflict in disputed_aliases:
-                _warn_disputed_alias(conflict, specs, label, provider)
-        names = [spec.name for spec in specs]
+            dropped_aliases = builtin
+        kept = _without_aliases(specs, {c.name for c in dropped_aliases})
+        names = [spec.name for spec in kept]
         dispatcher.add_plugin(
             plugin, dispatcher.unique_name(label, plugin), provider, accelerators=names
         )
-        self._catalog.add(plugin, specs, provider)
+        self._catalog.add(plugin, kept, provider)
         for conflict in disputed_aliases:
             self._catalog.dispute(conflict.name, [conflict.holder.provider, provider])
+        # Warned once registered: each warning says what the registry now holds.
+        _warn_builtin_aliases(specs, dropped_aliases, label, provider)
+        for conflict in disputed_aliases:
+            _warn_disputed_alias(conflict, specs, label, provider)
 
 
 def _claimant(conflict: Conflict, specs: list[AcceleratorSpec]) -> str:
@@ -269,27 +272,31 @@ def _builtin_conflict_error(
     )
 
 
-def _without_builtin_aliases(
-    specs: list[AcceleratorSpec], builtin: list[Conflict], label: str, provider: str
-) -> list[AcceleratorSpec]:
-    """``specs`` less the aliases built-ins hold, with a warning for each one dropped."""
-    taken: dict[str, list[str]] = {}
-    for conflict in builtin:
-        taken.setdefault(conflict.name, []).append(repr(conflict.holder.spec.name))
-    for name, holders in taken.items():
+def _without_aliases(specs: list[AcceleratorSpec], dropped: set[str]) -> list[AcceleratorSpec]:
+    if not dropped:
+        return specs
+    return [
+        dataclasses.replace(s, aliases=tuple(a for a in s.aliases if a not in dropped))
+        for s in specs
+    ]
+
+
+def _warn_builtin_aliases(
+    specs: list[AcceleratorSpec], dropped: list[Conflict], label: str, provider: str
+) -> None:
+    holders: dict[str, list[str]] = {}
+    for conflict in dropped:
+        holders.setdefault(conflict.name, []).append(repr(conflict.holder.spec.name))
+    for name, held_by in holders.items():
         claimant = next(s.name for s in specs if name in s.aliases)
         warnings.warn(
             f"accel plugin {label!r} from {provider} declares the alias {name!r} for "
-            f"{claimant!r}, but the built-in {' and '.join(holders)} has that alias; the "
-            f"built-in keeps it, "
-            f"and {claimant!r} is registered without it (select it as {claimant!r}). Ask the "
-            f"plugin's authors to drop the alias.",
+            f"{claimant!r}, but the built-in {' and '.join(held_by)} has that alias; the "
+            f"built-in keeps it, and {claimant!r} is registered without it (select it as "
+            f"{claimant!r}). Ask the plugin's authors to drop the alias.",
             PluginWarning,
             stacklevel=2,
         )
-    return [
-        dataclasses.replace(s, aliases=tuple(a for a in s.aliases if a not in taken)) for s in specs
-    ]
 
 
 def _warn_disputed_alias(

@@ -111,3 +111,15 @@ def test_an_alias_two_installed_plugins_claim_is_disputed_with_a_warning(
         registry.get_accelerator("vx")
     assert registry.get_accelerator("vendora").name == "vendora"
     assert registry.get_accelerator("vendorb").name == "vendorb"
+
+
+def test_a_plugin_kept_out_by_a_dispute_is_not_said_to_be_registered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    registry = _registry(monkeypatch, "VendorAliasA", "VendorLateGpu")
+    (warning,) = _load(registry)
+    assert "'vendorlategpu' from accel-vendorlategpu 1.0 failed to load and was skipped" in warning
+    assert "'vendora' is claimed twice" in warning
+    with pytest.raises(accel.PluginError, match="claimed by 2 installed plugins"):
+        registry.get_accelerator("vendora")
+    assert registry.get_accelerator("cpu").name == "cpu"  # the built-ins are untouched

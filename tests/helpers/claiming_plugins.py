@@ -27,3 +27,11 @@ class VendorAliasA(FakeAccelerator):
 class VendorAliasB(FakeAccelerator):
     def __init__(self) -> None:
         super().__init__("vendorb", aliases=("vx",), priority=60)
+
+
+class VendorLateGpu(FakeAccelerator):
+    """Claims VendorAliasA's name and the built-in alias ``gpu`` at once (loaded after
+    VendorAliasA: distributions load in name order)."""
+
+    def __init__(self) -> None:
+        super().__init__("vendora", aliases=("gpu",), priority=60)
