@@ -9,7 +9,9 @@ one process share nothing. Plugins load on first use, never at ``import accel``.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple, final
 
@@ -19,7 +21,7 @@ from accel._core.dispatch import Dispatcher
 from accel._core.loading import EntryPointLoader
 from accel._core.names import PLUGINS_ENV
 from accel._core.selection import Selector
-from accel.errors import PluginError
+from accel.errors import PluginError, PluginWarning
 from accel.markers import PROJECT_NAME
 from accel.types import AcceleratorInfo, AcceleratorSpec, PluginFailure, TieCheck
 
@@ -213,12 +215,21 @@ class AcceleratorRegistry:
         specs = declared_specs(plugin, label, provider, dispatcher.validator())
         conflicts = self._catalog.conflicts(specs, provider)
         disputed_aliases: list[Conflict] = []
+        dropped_aliases: list[Conflict] = []  # aliases built-ins hold: the plugin loses them
         if conflicts and override:
             for holder in {id(c.holder.plugin): c.holder.plugin for c in conflicts}.values():
                 dispatcher.remove_plugin(holder, self._catalog.remove(holder))
         elif conflicts:
             if not entry_point:
                 raise _conflict_error(conflicts[0], specs, label, provider)
+            # A built-in always keeps its names: an installed plugin cannot take them,
+            # and disputes nothing, so the built-in keeps working. A built-in's canonical
+            # name keeps the plugin out; a built-in's alias is only taken from the plugin.
+            builtin = [c for c in conflicts if c.holder.provider == BUILTIN_PROVIDER]
+            for conflict in builtin:
+                if conflict.is_canonical:
+                    raise _builtin_conflict_error(conflict, specs, label, provider)
+            conflicts = [c for c in conflicts if c.holder.provider != BUILTIN_PROVIDER]
             # Two installed distributions claim a name: selecting it then raises, naming
             # both, whichever was installed first. A disputed alias costs neither plugin
             # its own names; a disputed canonical name keeps the second plugin out.
@@ -228,13 +239,78 @@ class AcceleratorRegistry:
             if canonical:
                 raise _conflict_error(canonical[0], specs, label, provider)
             disputed_aliases = conflicts
-        names = [spec.name for spec in specs]
+            dropped_aliases = builtin
+        kept = _without_aliases(specs, {c.name for c in dropped_aliases})
+        names = [spec.name for spec in kept]
         dispatcher.add_plugin(
             plugin, dispatcher.unique_name(label, plugin), provider, accelerators=names
         )
-        self._catalog.add(plugin, specs, provider)
+        self._catalog.add(plugin, kept, provider)
         for conflict in disputed_aliases:
             self._catalog.dispute(conflict.name, [conflict.holder.provider, provider])
+        # Warned once registered: each warning says what the registry now holds.
+        _warn_builtin_aliases(specs, dropped_aliases, label, provider)
+        for conflict in disputed_aliases:
+            _warn_disputed_alias(conflict, specs, label, provider)
+
+
+def _claimant(conflict: Conflict, specs: list[AcceleratorSpec]) -> str:
+    return next(s.name for s in specs if conflict.name in (s.name, *s.aliases))
+
+
+def _builtin_conflict_error(
+    conflict: Conflict, specs: list[AcceleratorSpec], label: str, provider: str
+) -> PluginError:
+    holder = conflict.holder
+    return PluginError(
+        f"accelerator name {conflict.name!r} belongs to the built-in {holder.spec.name!r}; "
+        f"{_claimant(conflict, specs)!r} from {provider} (plugin {label!r}) claims it too, so "
+        f"that plugin is not registered and the built-in keeps the name. Ask its authors "
+        f"for a name of its own, or, registering in code, pass override=True to replace the "
+        f"built-in on purpose.",
+        conflicting_names=(conflict.name,),
+    )
+
+
+def _without_aliases(specs: list[AcceleratorSpec], dropped: set[str]) -> list[AcceleratorSpec]:
+    if not dropped:
+        return specs
+    return [
+        dataclasses.replace(s, aliases=tuple(a for a in s.aliases if a not in dropped))
+        for s in specs
+    ]
+
+
+def _warn_builtin_aliases(
+    specs: list[AcceleratorSpec], dropped: list[Conflict], label: str, provider: str
+) -> None:
+    holders: dict[str, list[str]] = {}
+    for conflict in dropped:
+        holders.setdefault(conflict.name, []).append(repr(conflict.holder.spec.name))
+    for name, held_by in holders.items():
+        claimant = next(s.name for s in specs if name in s.aliases)
+        warnings.warn(
+            f"accel plugin {label!r} from {provider} declares the alias {name!r} for "
+            f"{claimant!r}, but the built-in {' and '.join(held_by)} has that alias; the "
+            f"built-in keeps it, and {claimant!r} is registered without it (select it as "
+            f"{claimant!r}). Ask the plugin's authors to drop the alias.",
+            PluginWarning,
+            stacklevel=2,
+        )
+
+
+def _warn_disputed_alias(
+    conflict: Conflict, specs: list[AcceleratorSpec], label: str, provider: str
+) -> None:
+    warnings.warn(
+        f"accel plugin {label!r} from {provider} declares the alias {conflict.name!r} for "
+        f"{_claimant(conflict, specs)!r}, but {conflict.holder.spec.name!r} from "
+        f"{conflict.holder.provider} has it too; the alias now selects neither (selecting "
+        f"it raises PluginError naming both), while their own names still work. Uninstall "
+        f"one of them, or load only one with {PLUGINS_ENV}=DISTRIBUTION.",
+        PluginWarning,
+        stacklevel=2,
+    )
 
 
 def _conflict_error(
@@ -244,7 +320,7 @@ def _conflict_error(
     provider: str,
 ) -> PluginError:
     holder = conflict.holder
-    claimant = next(s.name for s in specs if conflict.name in (s.name, *s.aliases))
+    claimant = _claimant(conflict, specs)
     return PluginError(
         f"accelerator name {conflict.name!r} is claimed twice: by {holder.spec.name!r} from "
         f"{holder.provider} and by {claimant!r} from {provider} (plugin {label!r}). "

@@ -13,10 +13,11 @@ leaves during the probe is then passed over (``"auto"``, listing) or reported as
 
 from __future__ import annotations
 
+import dataclasses
 import threading
-from typing import NamedTuple, NoReturn, final
+from typing import Final, NamedTuple, NoReturn, final
 
-from accel._core.catalog import Catalog, Registration
+from accel._core.catalog import BUILTIN_PROVIDER, Catalog, Registration
 from accel._core.dispatch import AcceleratorHooks, Dispatcher
 from accel._core.names import (
     ACCELERATOR_ENV,
@@ -139,7 +140,7 @@ class Selector:
             )
         # A shared alias ("gpu"): the best available of its accelerators.
         entries.sort(key=lambda e: (-e.registration.spec.priority, e.registration.spec.name))
-        probed = [(entry, entry.hooks.availability()) for entry in entries]
+        probed = [(entry, _probe(entry)) for entry in entries]
         for entry, availability in probed:
             if availability.available:
                 return entry
@@ -190,10 +191,17 @@ class Selector:
                 break
         rows = self.rows()
         reasons = "; ".join(f"{row.name}: {row.reason or 'not chosen by auto'}" for row in rows)
+        # Advising to register the built-ins is right only where they are not.
+        builtins = any(row.provider == BUILTIN_PROVIDER for row in rows)
+        remedy = (
+            "Install (or fix) a plugin for an accelerator this machine has, or select one "
+            "by name; `accel list` shows each one's reason."
+            if builtins
+            else "Register the built-in plugins (builtins=True) or install a plugin."
+        )
         raise AcceleratorUnavailableError(
             f"'auto'{source} found no available accelerator "
-            f"({reasons or 'none is registered'}). "
-            f"Register the built-in plugins (builtins=True) or install a plugin.",
+            f"({reasons or 'none is registered'}). {remedy}",
             accelerator=AUTO,
             reason="none available",
         )
@@ -232,7 +240,7 @@ class Selector:
         availability = (
             Availability(False, reason=f"its name is claimed by {', '.join(disputed)}", auto=False)
             if disputed
-            else hooks.availability()
+            else _probe(entry)
         )
         count, count_failed = 0, False
         # An available accelerator keeps its reason only when it explains why "auto"
@@ -256,6 +264,24 @@ class Selector:
             remedy=availability.remedy if not availability.available else "",
             auto=availability.auto,
         )
+
+
+#: How :meth:`AcceleratorHooks.availability` begins the reason of a probe that raised.
+_PROBE_RAISED: Final = "probing it failed: "
+
+
+def _probe(entry: _Entry) -> Availability:
+    """The accelerator's availability; where its probe raised, with what to do about it
+    (the probe's own remedy is lost with its result), naming the plugin's provider."""
+    availability = entry.hooks.availability()
+    if availability.available or availability.remedy:
+        return availability
+    if not availability.reason.startswith(_PROBE_RAISED):
+        return availability
+    return dataclasses.replace(
+        availability,
+        remedy=f"fix the plugin, or report this to its authors ({entry.registration.provider})",
+    )
 
 
 def _auto_may_pick(hooks: AcceleratorHooks) -> bool:

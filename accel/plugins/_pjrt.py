@@ -56,13 +56,20 @@ class PjrtDevice:
 
     #: The variable as set, stripped (``"cuda"``, ``"TPU_LEGACY"``).
     value: str
-    #: The device type torch_xla derives from it: upper case, up to the first ``_``.
+    #: The device type it names: up to the first ``_``, upper case. torch_xla itself
+    #: compares case-sensitively (``cpu`` fails with "No PjRtPlugin registered for: cpu"),
+    #: so a value not in upper case is refused (:attr:`in_upper_case`).
     device_type: str
 
     @classmethod
     def parse(cls, value: str) -> PjrtDevice:
         value = value.strip()
         return cls(value, value.upper().split("_")[0])
+
+    @property
+    def in_upper_case(self) -> bool:
+        """Whether the device type is spelled as torch_xla needs it (``CPU``, not ``cpu``)."""
+        return self.value.split("_")[0] == self.device_type
 
     @property
     def is_gpu(self) -> bool:

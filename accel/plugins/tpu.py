@@ -82,6 +82,15 @@ def probe_xla() -> Availability:
         if pjrt.is_gpu:
             remedy += f"; for XLA on CUDA GPUs, then: {device_remedy(pjrt)}"
         return Availability(False, reason="torch_xla is not installed", remedy=remedy)
+    if pjrt.value and not pjrt.in_upper_case:
+        # torch_xla would refuse it only at its runtime start, with no remedy.
+        return Availability(
+            False,
+            reason=f"PJRT_DEVICE={pjrt.value!r} is not in upper case, and torch_xla reads "
+            f"device types case-sensitively (it would fail: No PjRtPlugin registered for: "
+            f"{pjrt.value.split('_')[0]})",
+            remedy=f"set PJRT_DEVICE={pjrt.value.upper()} (upper case)",
+        )
     # A torch_xla built for another torch fails to import, or crashes: say so first.
     mismatch = _xla_versions.find_torch_xla_mismatch()
     if mismatch is not None:

@@ -44,6 +44,13 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog="exit status: 0 ok, 1 ties came apart, 2 error, 130 interrupted",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    # accel.__version__ is a plain string: printing it imports no torch.
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"accel {_version()}",
+        help="print accel's version and exit",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # `--debug` is also accepted after the subcommand (`accel info tpu --debug`);
     # SUPPRESS keeps a subcommand from resetting a `--debug` given before it.
@@ -89,6 +96,12 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _version() -> str:
+    import accel
+
+    return accel.__version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

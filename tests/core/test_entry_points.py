@@ -223,7 +223,10 @@ def test_an_alias_claimed_by_two_distributions_selects_neither(alias_dist: Path)
     report = _run_with(
         alias_dist,
         """
-        import json, accel
+        import json, warnings, accel
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            accel.default_registry().names()
         try:
             accel.get_accelerator("intel-gpu")
             error = None
@@ -234,11 +237,17 @@ def test_an_alias_claimed_by_two_distributions_selects_neither(alias_dist: Path)
             "arc": accel.get_accelerator("arc").name,  # its own name is undisputed
             "auto": accel.get_accelerator("auto").name,
             "failures": len(accel.default_registry().plugin_failures()),
+            "warnings": [
+                str(w.message) for w in caught if issubclass(w.category, accel.PluginWarning)
+            ],
         }))
         """,
     )
     assert report["error"] is not None
     assert report["error"].startswith("PluginError: cannot select 'intel-gpu'")
+    # Said when the second plugin loads, not only when someone selects the alias.
+    (warning,) = [w for w in report["warnings"] if "'intel-gpu'" in w]
+    assert "has it too; the alias now selects neither" in warning
     assert "accel-example-plugin 0.1.0" in report["error"]
     assert "accel_Alias.Plugin 0.0.3" in report["error"]
     assert report["arc"] == "arc"

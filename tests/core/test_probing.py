@@ -156,6 +156,10 @@ def test_a_plugin_whose_probe_raises_is_reported_unavailable() -> None:
     info = {i.name: i for i in registry.list_accelerators()}["boom"]
     assert not info.available
     assert "OSError: driver on fire" in info.reason
+    # What to do, naming who provides the plugin (here: its class, registered in code).
+    assert info.provider.endswith("Exploding")
+    assert info.remedy == f"fix the plugin, or report this to its authors ({info.provider})"
     assert registry.get_accelerator("auto").name == "cpu"
-    with pytest.raises(accel.AcceleratorUnavailableError, match="driver on fire"):
+    with pytest.raises(accel.AcceleratorUnavailableError, match="driver on fire") as raised:
         registry.get_accelerator("boom")
+    assert f"To use it: {info.remedy}." in str(raised.value)

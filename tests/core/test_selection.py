@@ -240,6 +240,22 @@ def test_auto_with_nothing_available_explains_each() -> None:
         registry.get_accelerator("auto")
 
 
+def test_auto_with_nothing_available_but_builtins_registered_does_not_ask_for_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The built-in CPU replaced on purpose by an unavailable one, and no GPU here.
+    monkeypatch.setattr(CudaPlugin, "is_available", _unavailable_hook)
+    monkeypatch.setattr(MpsPlugin, "is_available", _unavailable_hook)
+    registry = isolated_registry()
+    registry.register(FakeAccelerator("cpu", available=False), override=True)
+    with pytest.raises(accel.AcceleratorUnavailableError) as info:
+        registry.get_accelerator("auto")
+    message = str(info.value)
+    assert "cpu: fake says no" in message
+    assert "Register the built-in plugins" not in message
+    assert "Install (or fix) a plugin for an accelerator this machine has" in message
+
+
 def test_handle_reports_backend_count_and_availability(
     registry: accel.AcceleratorRegistry,
 ) -> None:

@@ -450,6 +450,12 @@ def _step_clip_model(monkeypatch: pytest.MonkeyPatch) -> object:
     return cpu.clip_grad_norm_(model, max_norm=1.0)  # type: ignore[arg-type]
 
 
+@case("step-clip-no-max-norm", TypeError)
+def _step_clip_no_max_norm(monkeypatch: pytest.MonkeyPatch) -> object:
+    cpu, model, _ = _stepping()
+    return cpu.clip_grad_norm_(model.parameters())  # type: ignore[call-arg]
+
+
 @case("step-clip-negative", ValueError)
 def _step_clip_negative(monkeypatch: pytest.MonkeyPatch) -> object:
     cpu, model, _ = _stepping()
@@ -919,6 +925,53 @@ def _plugin_entry_point_alias_of_disputed(mp: pytest.MonkeyPatch) -> object:
     return registry.get_accelerator("vx")
 
 
+class _Distribution:
+    """What accel reads of an entry point's distribution: its name and version."""
+
+    def __init__(self, name: str) -> None:
+        self.metadata = {"Name": name}
+        self.version = "1.0"
+
+
+def _claiming_entry_point(cls: str) -> importlib.metadata.EntryPoint:
+    """An entry point for ``helpers.claiming_plugins.<cls>``, from a distribution of its own."""
+    entry_point = importlib.metadata.EntryPoint(
+        cls.lower(), f"helpers.claiming_plugins:{cls}", ENTRY_POINT_GROUP
+    )
+    vars(entry_point).update(dist=_Distribution(f"accel-{cls.lower()}"))  # as importlib does
+    return entry_point
+
+
+@case("plugin-entry-point-builtin-name", accel.PluginWarning)
+def _plugin_entry_point_builtin_name(mp: pytest.MonkeyPatch) -> object:
+    registry = _entry_point_registry(mp, _claiming_entry_point("CpuClaimer"))
+    try:
+        return registry.names()
+    finally:
+        assert registry.get_accelerator("cpu").name == "cpu"  # the built-in still works
+
+
+@case("plugin-entry-point-builtin-alias", accel.PluginWarning)
+def _plugin_entry_point_builtin_alias(mp: pytest.MonkeyPatch) -> object:
+    registry = _entry_point_registry(mp, _claiming_entry_point("GpuAliasClaimer"))
+    try:
+        return registry.names()
+    finally:
+        assert _listed(registry, "npu").aliases == ("ascend",)
+
+
+@case("plugin-entry-point-alias-disputed", accel.PluginWarning)
+def _plugin_entry_point_alias_disputed(mp: pytest.MonkeyPatch) -> object:
+    registry = _entry_point_registry(
+        mp, _claiming_entry_point("VendorAliasA"), _claiming_entry_point("VendorAliasB")
+    )
+    try:
+        return registry.names()
+    finally:
+        with pytest.raises(accel.PluginError, match="cannot select 'vx'"):
+            registry.get_accelerator("vx")
+
+
 @case("plugin-count-raises-auto", None)
 def _plugin_count_raises_auto(mp: pytest.MonkeyPatch) -> object:
     flaky = _plugin(
@@ -1218,6 +1271,12 @@ def _tpu_pjrt_unset(mp: pytest.MonkeyPatch) -> object:
 @case("tpu-pjrt-unknown", accel.AcceleratorUnavailableError)
 def _tpu_pjrt_unknown(mp: pytest.MonkeyPatch) -> object:
     _torch_xla(mp, installed=True, pjrt="QUANTUM")
+    return isolated_registry().get_accelerator("tpu")
+
+
+@case("tpu-pjrt-lower-case", accel.AcceleratorUnavailableError)
+def _tpu_pjrt_lower_case(mp: pytest.MonkeyPatch) -> object:
+    _torch_xla(mp, installed=True, pjrt="cpu")
     return isolated_registry().get_accelerator("tpu")
 
 

@@ -165,6 +165,22 @@ def test_an_unknown_device_type_gets_the_list_torch_xla_knows(
     assert starts == []
 
 
+@pytest.mark.parametrize(
+    ("value", "upper"), [("cpu", "CPU"), ("Cuda", "CUDA"), ("tpu_legacy", "TPU_LEGACY")]
+)
+def test_a_device_type_not_in_upper_case_is_told_to_be(
+    monkeypatch: pytest.MonkeyPatch, registry: accel.AcceleratorRegistry, value: str, upper: str
+) -> None:
+    monkeypatch.setenv("PJRT_DEVICE", value)
+    starts = _fake_torch_xla(monkeypatch, None)
+    message = _refusal(registry)
+    assert f"PJRT_DEVICE={value!r} is not in upper case" in message
+    assert f"To use it: set PJRT_DEVICE={upper} (upper case)" in message
+    assert "reinstall" not in message  # the old, wrong remedy
+    assert starts == []  # refused before torch_xla's runtime would fail on it
+    assert not PjrtDevice.parse(value).in_upper_case and PjrtDevice.parse(upper).in_upper_case
+
+
 def test_a_runtime_that_starts_is_available_but_not_chosen_by_auto_off_tpu(
     monkeypatch: pytest.MonkeyPatch, registry: accel.AcceleratorRegistry
 ) -> None:
@@ -232,6 +248,7 @@ def _fresh(code: str, pjrt: str, *args: str) -> subprocess.CompletedProcess[str]
         ("GPU", "PJRT_DEVICE=GPU asks for XLA on CUDA GPUs"),
         ("NEURON", "PJRT_DEVICE=NEURON needs the 'libneuronxla' package"),
         ("QUANTUM", "PJRT_DEVICE='QUANTUM' is not a PJRT device type torch_xla knows"),
+        ("cpu", "PJRT_DEVICE='cpu' is not in upper case"),
     ],
 )
 def test_real_torch_xla_refuses_device_types_it_cannot_start(pjrt: str, says: str) -> None:

@@ -102,7 +102,7 @@ def table(out: str) -> tuple[list[str], dict[str, str]]:
 def test_top_level_help(cli: Run) -> None:
     code, out, err = cli("--help")
     assert code == 0 and err == ""
-    assert out.startswith("usage: accel [-h] [--debug] COMMAND ...")
+    assert out.startswith("usage: accel [-h] [--debug] [--version] COMMAND ...")
     for command in ("list", "info", "demo", "check", "--debug"):
         assert command in out
     assert "exit status: 0 ok, 1 ties came apart, 2 error, 130 interrupted" in out
@@ -132,6 +132,27 @@ def test_no_command_or_an_unknown_one_is_a_usage_error(cli: Run) -> None:
     code, _, err = cli("frobnicate")
     assert code == 2
     assert "invalid choice: 'frobnicate'" in err
+
+
+def test_version_prints_the_version(cli: Run) -> None:
+    code, out, err = cli("--version")
+    assert code == 0 and err == ""
+    assert out == f"accel {accel.__version__}\n"
+
+
+def test_version_does_not_import_torch() -> None:
+    code = """
+import json, sys
+from accel.tools.cli import main
+try:
+    main(["--version"])
+except SystemExit as exc:
+    status = exc.code
+print(json.dumps({"status": status, "torch": "torch" in sys.modules}))
+"""
+    result = python(code)
+    assert result.stdout.startswith("accel ")
+    assert last_json_line(result) == {"status": 0, "torch": False}
 
 
 def test_help_does_not_import_torch_nor_list_and_info_torch_xla() -> None:
