@@ -202,6 +202,18 @@ _RESTORED = (
 _UNRESTORED_SHOWN = 10
 
 
+def _name_as_the_handles(groups: tuple[type, ...]) -> None:
+    """Give the inherited methods the handle's name, so Python's own errors about their
+    arguments say ``Accelerator.clip_grad_norm_()``, the method users call."""
+    for group in groups:
+        for name, member in vars(group).items():
+            if callable(member) and not name.startswith("_"):
+                member.__qualname__ = f"Accelerator.{name}"
+
+
+_name_as_the_handles(Accelerator.__mro__[1:-1])
+
+
 def _restored_note(device: torch.device, unrestored: list[str]) -> str:
     """The note on a failed move: what was restored and, exactly, what was not."""
     if not unrestored:

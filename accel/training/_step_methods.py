@@ -132,7 +132,6 @@ class TrainingStepMethods(HandleBase):
     # Users call it on the handle: a call without max_norm then says
     # "Accelerator.clip_grad_norm_() missing 1 required positional argument: 'max_norm'",
     # not the name of this internal method group (Accelerator inherits it unchanged).
-    clip_grad_norm_.__qualname__ = "Accelerator.clip_grad_norm_"
 
     def no_sync(self, model: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
         """A context in which ``backward()`` does not all-reduce ``model``'s gradients:
