@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accel._core.files import fsync_directory, process_alive
 from accel.distributed._spmd_checkpoint import is_spmd, spmd_entry, spmd_load, spmd_save_planner
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
             dist.barrier()
         if rank == 0:
             os.replace(temporary, target)
-            _fsync_directory(target.parent)
+            fsync_directory(target.parent)
     except BaseException:
         if rank == 0:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -203,30 +204,5 @@ def _remove_stale_temporaries(target: Path) -> None:
         if not (name.startswith(prefix) and name.endswith(mark) and entry.is_dir()):
             continue
         owner_host, _, pid = name[len(prefix) : -len(mark)].rpartition(".")
-        if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+        if owner_host == host and pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final
 if TYPE_CHECKING:
     import torch
 
+from accel._core.files import fsync_directory, process_alive
+
 __all__ = ["TEMPORARY_MARK", "atomic_save", "is_temporary"]
 
 #: Part of every temporary file's name: ``.<name>.<host>.<pid>.<random>.accel-tmp``
@@ -65,7 +67,7 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
         if isinstance(exc, OSError) and not _names(exc, target):
             raise _naming(exc, target, "writing it") from exc
         raise
-    _fsync_directory(target.parent)
+    fsync_directory(target.parent)
 
 
 def is_temporary(path: str | os.PathLike[str]) -> bool:
@@ -209,19 +211,6 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
 
 
-def _fsync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # some platforms (Windows) cannot open a directory; the rename stands
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass  # file systems that cannot fsync a directory: nothing more to do
-    finally:
-        os.close(descriptor)
-
-
 # ``<host>.<pid>`` and, since saves from several threads, ``.<random>`` after them.
 _OWNER: Final = re.compile(r"(?P<host>.+)\.(?P<pid>\d+)(?:\.[0-9a-f]{8})?")
 
@@ -241,18 +230,6 @@ def _remove_stale_temporaries(target: Path) -> None:
         owner = _OWNER.fullmatch(name[len(prefix) : -len(TEMPORARY_MARK)])
         if owner is None:
             continue  # not a name atomic_save gives
-        if owner["host"] == host and not _alive(int(owner["pid"])):
+        if owner["host"] == host and not process_alive(int(owner["pid"])):
             with contextlib.suppress(OSError):
                 os.unlink(entry.path)
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
