@@ -22,10 +22,12 @@ import shutil
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from accel._core.files import fsync_directory, process_alive
+from accel.distributed._async_sharded import check_sharded_asynchronous, save_sharded_in_background
 from accel.distributed._spmd_checkpoint import is_spmd, spmd_entry, spmd_load, spmd_save_planner
+from accel.training._async_save import PendingSave, wait_for_saves
 
 if TYPE_CHECKING:
     from torch import nn
@@ -35,7 +37,21 @@ __all__ = ["load_sharded", "save_sharded"]
 _PLAIN = "accel.plain"  # the entry under which the plain values travel, as one object
 
 
-def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+@overload
+def save_sharded(
+    state: Mapping[str, Any], path: str | os.PathLike[str], *, asynchronous: Literal[False] = False
+) -> None: ...
+
+
+@overload
+def save_sharded(
+    state: Mapping[str, Any], path: str | os.PathLike[str], *, asynchronous: Literal[True]
+) -> PendingSave: ...
+
+
+def save_sharded(
+    state: Mapping[str, Any], path: str | os.PathLike[str], *, asynchronous: bool = False
+) -> PendingSave | None:
     """Save ``state`` as a DCP checkpoint directory at ``path``, on every rank together.
 
     ``state`` holds one module (sharded or not), optimizers over its parameters, and
@@ -44,15 +60,24 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     checkpoint is complete at ``path``. Under XLA SPMD (:func:`init_spmd`) the one
     process writes every device's shards, through torch_xla's ``SPMDSavePlanner``.
 
+    With ``asynchronous=True`` it returns once DCP's ``async_save`` has copied the
+    state to the host, and the writes and the rename run in the background; the
+    :class:`~accel.training._async_save.PendingSave` it returns has ``wait()`` and
+    ``done()`` (on every rank). Like :meth:`Accelerator.save`, it first waits for the
+    pending save and raises its failure.
+
     :raises TypeError: ``state`` is not a dict, or holds no module or two.
     :raises FileExistsError: ``path`` exists already (sharded checkpoints are written
         once: name them by step with :func:`accel.training.retention.checkpoint_path`).
+    :raises NotImplementedError: ``asynchronous=True`` under XLA SPMD.
     """
     import torch.distributed as dist
     from torch.distributed.checkpoint import state_dict_saver
 
     target = Path(os.fspath(path))
     spmd = is_spmd()
+    check_sharded_asynchronous(asynchronous, spmd)
+    wait_for_saves()  # the pending save first (one in flight), and its failure
     _, app_state = _app_state(state, "save_sharded", spmd)
     if target.exists():
         raise FileExistsError(
@@ -69,6 +94,8 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     if dist.is_initialized():
         dist.broadcast_object_list(word, src=0)
     temporary = target.with_name(word[0])
+    if asynchronous:
+        return save_sharded_in_background(app_state, temporary, target)
     try:
         planner = spmd_save_planner() if spmd else None
         # Ends with every rank done.
@@ -84,6 +111,7 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
         raise
     if dist.is_initialized():
         dist.barrier()  # nobody reads the checkpoint before it has its name
+    return None
 
 
 def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict[str, Any]:

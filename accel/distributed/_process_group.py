@@ -15,6 +15,7 @@ from accel.distributed._backends import device_backends, group_backend, memory_s
 from accel.distributed._devices import local_accelerator
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._launchers import LaunchEnvironment, read_launch_environment
+from accel.training._async_save import wait_for_saves
 
 if TYPE_CHECKING:
     import torch
@@ -259,10 +260,14 @@ def destroy_process_group(*, barrier: bool = True) -> bool:
         down, and gloo then aborts that process ("terminate called without an active
         exception"). Pass ``False`` when a rank may have died, so teardown never waits.
     :returns: whether a group was running.
+    :raises OSError: the pending asynchronous save failed (its ranks talk over the
+        group, so it is finished first, with ``barrier``); the group still runs.
     """
     global _active
     import torch.distributed as dist
 
+    if barrier:
+        wait_for_saves()
     with _lock:
         _active = None
         if not (dist.is_available() and dist.is_initialized()):

@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
+from accel.training._async_save import (
+    PendingSave,
+    check_asynchronous,
+    device_state_dict,
+    one_save_at_a_time,
+    save_in_background,
+    wait_for_saves,
+)
 from accel.training._step_methods import TrainingStepMethods
 
 if TYPE_CHECKING:
@@ -42,7 +50,19 @@ class CheckpointMethods(TrainingStepMethods):
             )
         return self._hooks.state_dict(unwrap_compiled(model))
 
-    def save(self, obj: Any, path: str | os.PathLike[str]) -> None:
+    @overload
+    def save(
+        self, obj: Any, path: str | os.PathLike[str], *, asynchronous: Literal[False] = False
+    ) -> None: ...
+
+    @overload
+    def save(
+        self, obj: Any, path: str | os.PathLike[str], *, asynchronous: Literal[True]
+    ) -> PendingSave: ...
+
+    def save(
+        self, obj: Any, path: str | os.PathLike[str], *, asynchronous: bool = False
+    ) -> PendingSave | None:
         """Write ``obj`` to ``path`` atomically and durably, its tensors on the CPU
         (shared tensors stay shared); in a distributed job only the main process
         writes, and every process returns once the file is complete.
@@ -53,17 +73,29 @@ class CheckpointMethods(TrainingStepMethods):
         ``path`` holds the previous file or the new one at any moment, never a torn
         one. Saving leaves every random generator as it was.
 
+        With ``asynchronous=True`` it returns once every tensor is copied off the
+        device (a snapshot, CPU tensors included: a change made after it returns
+        never reaches the file), and writes in a background thread; the
+        :class:`~accel.training._async_save.PendingSave` it returns has ``wait()`` and
+        ``done()``. One save is in flight at a time: every save first waits for the
+        pending one, and raises its failure.
+
         :raises TypeError: something in ``obj`` that :meth:`load` could not read back
             (``weights_only``), named by its key path; nothing is written.
         :raises OSError: the file could not be written; the message names ``path``,
-            and the previous file there is unchanged.
+            and the previous file there is unchanged. Also the failure of the
+            pending asynchronous save, not raised before.
         """
         from accel.training.checkpoint import storable
 
         _check_path("save", path)
+        check_asynchronous("save", asynchronous)
+        if asynchronous:
+            return self._save_in_background(obj, path)
+        wait_for_saves()  # the pending save first: an older one never lands after this
         if self._hooks.only_fallback("mark_step"):
             self._hooks.save(storable(obj, self.state_dict), path)
-            return
+            return None
         # XLA: run what is pending so tensors cross as data. Each step mark (this one,
         # and state_dict's for every module) advances XLA's generator; put it back, so
         # that this save does not show in later draws.
@@ -74,6 +106,36 @@ class CheckpointMethods(TrainingStepMethods):
             self._hooks.save(stored, path)
         finally:
             self._hooks.set_rng_state(device_rng, self.device)
+        return None
+
+    def _save_in_background(self, obj: Any, path: str | os.PathLike[str]) -> PendingSave:
+        from accel.training.checkpoint import storable
+
+        # Without a plugin's state_dict the snapshot copies the model's own tensors
+        # once, rather than copying the CPU copies state_dict would make.
+        module_state = device_state_dict if self._hooks.only_fallback("state_dict") else None
+        plugin_save = None if self._hooks.only_fallback("save") else self._hooks.save
+        with one_save_at_a_time():
+            if self._hooks.only_fallback("mark_step"):
+                stored = storable(obj, module_state or self.state_dict)
+                return save_in_background(stored, path, plugin_save)
+            device_rng = self._hooks.rng_state(self.device)  # as in save(): put it back
+            try:
+                stored = storable(obj, module_state or self.state_dict)
+                self.mark_step()
+                return save_in_background(stored, path, plugin_save)
+            finally:
+                self._hooks.set_rng_state(device_rng, self.device)
+
+    def wait_for_saves(self) -> None:
+        """Wait until the pending asynchronous save (of :meth:`save` or
+        :func:`accel.distributed.save_sharded`) is complete and durable.
+
+        :raises OSError: it failed, and its failure was not raised before (by its
+            ``wait()`` or the next save); the previous checkpoint at its path is
+            unchanged.
+        """
+        wait_for_saves()
 
     def load(self, path: str | os.PathLike[str], state: Any = None) -> Any:
         """Read a checkpoint :meth:`save` wrote, with ``weights_only=True``.

@@ -16,6 +16,8 @@ import threading
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, final
 
+from accel.training._async_save import wait_for_saves
+
 if TYPE_CHECKING:
     import torch
 
@@ -96,6 +98,9 @@ class PreemptionGuard:
             if outer.received is None:
                 outer.received = self.received
             outer._requested = outer._requested or self._requested
+        # The loop leaves after its last save: the process may end as soon as this
+        # returns, so an asynchronous save must be complete first (and raise here).
+        wait_for_saves()
 
     def _note(self, number: int, frame: FrameType | None) -> None:
         self.received = number

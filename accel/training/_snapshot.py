@@ -1,0 +1,103 @@
+"""The snapshot an asynchronous save writes: every tensor of the stored object copied
+into fresh CPU memory before the save returns, so that nothing the loop changes
+afterwards reaches the file.
+
+CPU tensors are copied too. Handing the live tensors to a background writer is the bug
+of pytorch #144657 (DCP's staging kept CPU tensors as they were, and the optimizer's
+next steps leaked into the checkpoint being written).
+
+What shares memory keeps sharing it. One tensor under two names (a tied weight) stays
+one tensor, and views of one storage stay views of one copied storage, as
+``torch.save`` stores them. CPU and CUDA tensors are copied storage by storage.
+Tensors of other devices (XLA, a vendor's) and tensor subclasses are copied one by
+one, with ``tensor.to("cpu", copy=True)``, the device's own transfer.
+
+On CUDA the copy is synchronous, into pageable host memory of exactly the snapshot's
+size. Pinned buffers would copy faster, but they cost either the size rounding and
+retention of torch's caching host allocator, or buffers registered and kept for the
+whole run (DCP's cached stager). Pageable memory keeps the host memory of a save at
+one snapshot, freed when its write ends.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter, OrderedDict
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["take_snapshot"]
+
+_MAPPINGS: Final = (dict, OrderedDict, Counter)
+#: Devices whose storages the host copies byte for byte (``UntypedStorage.copy_``).
+_STORAGE_DEVICES: Final = frozenset({"cpu", "cuda"})
+
+
+def take_snapshot(stored: Any) -> Any:
+    """``stored`` (what :func:`~accel.training.checkpoint.storable` returned) rebuilt
+    with every tensor copied to fresh CPU memory, detached; sharing kept.
+
+    Dicts, lists, tuples and sets are rebuilt (a state dict keeps its ``_metadata``),
+    an object that contains itself still does, plain values are kept. A value of a
+    type allowed with ``torch.serialization.add_safe_globals`` is deep-copied.
+    """
+    import torch
+
+    memo: dict[int, Any] = {}
+    storages: dict[tuple[str, int, int], torch.UntypedStorage] = {}
+    atomic = (type(None), bool, int, float, complex, str, bytes, torch.Size, torch.dtype,
+              torch.device, torch.layout)  # fmt: skip
+
+    def copy_tensor(tensor: torch.Tensor) -> torch.Tensor:
+        plain = tensor.detach()
+        if not _copied_by_storage(plain):
+            return plain.to("cpu", copy=True)
+        storage = plain.untyped_storage()
+        key = (str(plain.device), storage.data_ptr(), storage.nbytes())
+        copied = storages.get(key) if storage.nbytes() else None
+        if copied is None:
+            copied = torch.UntypedStorage(storage.nbytes())  # type: ignore[no-untyped-call]
+            copied.copy_(storage)
+            storages[key] = copied
+        view = torch.empty(0, dtype=plain.dtype)
+        return view.set_(copied, plain.storage_offset(), plain.size(), plain.stride())
+
+    def convert(value: Any) -> Any:
+        key = id(value)
+        if key in memo:
+            return memo[key]
+        kind = type(value)
+        if isinstance(value, torch.Tensor):
+            memo[key] = copy_tensor(value)
+        elif kind in _MAPPINGS:
+            rebuilt = memo[key] = copy.copy(value)  # registered first: a cycle comes back here
+            for name, item in value.items():
+                rebuilt[name] = convert(item)
+        elif kind is list:
+            items: list[Any] = []
+            memo[key] = items
+            items.extend(convert(item) for item in value)
+        elif kind is tuple:
+            memo[key] = tuple(convert(item) for item in value)
+        elif kind is set:
+            memo[key] = {convert(item) for item in value}
+        elif kind in atomic:
+            return value
+        else:  # bytearray, or a type the user allowed for loading: a copy of its own
+            memo[key] = copy.deepcopy(value)
+        return memo[key]
+
+    return convert(stored)
+
+
+def _copied_by_storage(tensor: torch.Tensor) -> bool:
+    import torch
+
+    return (
+        type(tensor) is torch.Tensor
+        and tensor.device.type in _STORAGE_DEVICES
+        and tensor.layout == torch.strided
+        and not (tensor.is_quantized or tensor.is_conj() or tensor.is_neg())
+    )
