@@ -28,8 +28,12 @@ import torch
 import accel
 from accel.training import _async_save, atomic
 from accel.training.atomic import is_temporary
-from accel.training.retention import checkpoint_path, latest_checkpoint, list_checkpoints
-from accel.training.retention import prune_checkpoints
+from accel.training.retention import (
+    checkpoint_path,
+    latest_checkpoint,
+    list_checkpoints,
+    prune_checkpoints,
+)
 from helpers import async_saves
 from helpers.async_saves import HeldWrites, OffHostTensor
 from helpers.fakes import FakeAccelerator
@@ -261,13 +265,13 @@ def test_a_full_disk_during_the_write_is_raised_once_and_prunes_nothing(
     with _file_size_limit(256 * 1024):
         pending = acc.save({"big": torch.zeros(2**20)}, path, asynchronous=True)
         assert prune_checkpoints(tmp_path, keep=2) == []  # step 3 is not complete
+        where = {
+            "wait": pending.wait,
+            "next save": lambda: acc.save({"next": 1}, tmp_path / "next.pt", asynchronous=True),
+            "wait_for_saves": acc.wait_for_saves,
+        }[raised_at]
         with pytest.raises(OSError, match="save could not write the checkpoint") as info:
-            if raised_at == "wait":
-                pending.wait()
-            elif raised_at == "next save":
-                acc.save({"next": 1}, tmp_path / "next.pt", asynchronous=True)
-            else:
-                acc.wait_for_saves()
+            where()
     assert info.value.errno == errno.EFBIG and info.value.filename == str(path)
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert sys.version_info < (3, 11) or "which failed in the background" in notes
@@ -281,7 +285,7 @@ def test_a_full_disk_during_the_write_is_raised_once_and_prunes_nothing(
     assert not [p for p in tmp_path.iterdir() if is_temporary(p)]
     acc.wait_for_saves()  # raised once: told, it is not raised again
     acc.save({"after": 1}, tmp_path / "after.pt", asynchronous=True).wait()
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="save could not write the checkpoint"):
         pending.wait()  # but the save itself still says it failed
 
 
