@@ -1068,6 +1068,32 @@ def _ckpt_save_disk_full(mp: pytest.MonkeyPatch) -> object:
         assert torch.equal(torch.load(path)["small"], torch.zeros(4))
 
 
+@case("ckpt-save-async-not-bool", TypeError)
+def _ckpt_save_async_not_bool(mp: pytest.MonkeyPatch) -> object:
+    import tempfile
+
+    return _cpu().save({"step": 1}, Path(tempfile.mkdtemp()) / "c.pt", asynchronous="yes")
+
+
+@case("ckpt-save-async-failed", OSError, needs_notes=True)
+def _ckpt_save_async_failed(mp: pytest.MonkeyPatch) -> object:
+    import resource
+    import signal
+
+    path = _saved({"small": torch.zeros(4)})
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a core dump
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        # Returns once the snapshot is taken; the write fails in the background.
+        pending = _cpu().save({"big": torch.zeros(2**18)}, path, asynchronous=True)
+        return pending.wait()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+        assert torch.equal(torch.load(path)["small"], torch.zeros(4))
+
+
 @case("ckpt-save-unloadable", TypeError)
 def _ckpt_save_unloadable(mp: pytest.MonkeyPatch) -> object:
     path = _saved({"step": 0})
@@ -1226,6 +1252,27 @@ def _ckpt_sharded_exists(mp: pytest.MonkeyPatch) -> object:
     import accel.distributed
 
     return accel.distributed.save_sharded({"model": TiedLM()}, _saved(1).parent)
+
+
+@case("ckpt-sharded-async-not-bool", TypeError)
+def _ckpt_sharded_async_not_bool(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+
+    path = _saved(1).parent / "sharded"
+    return accel.distributed.save_sharded({"model": TiedLM()}, path, asynchronous=1)
+
+
+@case("ckpt-sharded-async-spmd", NotImplementedError)
+def _ckpt_sharded_async_spmd(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+    from accel.distributed import _checkpoint
+
+    mp.setattr(_checkpoint, "is_spmd", lambda: True)  # as under init_spmd
+    path = _saved(1).parent / "sharded"
+    try:
+        return accel.distributed.save_sharded({"model": TiedLM()}, path, asynchronous=True)
+    finally:
+        assert not path.exists()
 
 
 @case("ckpt-sharded-missing", FileNotFoundError)
