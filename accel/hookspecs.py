@@ -487,7 +487,12 @@ def save(accelerator: str, obj: Any, path: str | os.PathLike[str]) -> bool | Non
     file is complete, and a failed write raises an ``OSError`` on every process.
     *First result*: the fallback
     (:func:`accel.training.checkpoint.save_on_main_process`) writes on rank 0 of an
-    initialised :mod:`torch.distributed` group, or always without one. Example::
+    initialised :mod:`torch.distributed` group, or always without one. An
+    asynchronous save (``acc.save(obj, path, asynchronous=True)``) in a process
+    without such a group calls this hook in a background thread, with ``obj`` a
+    snapshot whose tensors are all on the CPU: use no collective of the training
+    run there. In a distributed job accel writes an asynchronous save itself, on rank
+    0, with ``atomic_save``. Example::
 
         @accel.hookimpl
         def save(obj, path):

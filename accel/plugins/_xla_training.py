@@ -148,6 +148,15 @@ class XlaTrainingHooks:
         if xr.world_size() == 1:
             atomic_save(obj, path)
             return True
+        if threading.current_thread() is not threading.main_thread():
+            # An asynchronous save: the replicas' word travels as an XLA collective,
+            # which a thread beside the training loop's tracing must not run.
+            raise RuntimeError(
+                f"save: an asynchronous save of {str(path)!r} in a multi-process XLA run "
+                f"needs a torch.distributed group (accel.distributed.init_process_group"
+                f"('tpu')), so that rank 0 writes and the others hear from it over gloo; "
+                f"start one, or save with asynchronous=False"
+            )
         failure: BaseException | None = None
         if xm.is_master_ordinal(local=False):
             try:

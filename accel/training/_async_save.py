@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, final
 
 from accel._core.notes import add_note
-from accel.training._snapshot import take_snapshot
+from accel.training._snapshot import spare_of, take_snapshot
 from accel.training.atomic import atomic_save
 from accel.training.compiling import unwrap_compiled
 
@@ -231,24 +231,46 @@ def save_in_background(
 
     target = Path(os.fspath(path))
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        write = atomic_save if plugin_save is None else plugin_save
-        return start_background(
-            target, lambda snapshot: write(snapshot, target), take_snapshot(stored)
-        )
+        if plugin_save is not None:  # it may keep what it is given: memory of its own
+            snapshot, _ = take_snapshot(stored)
+            return start_background(target, lambda copy: plugin_save(copy, target), snapshot)
+        snapshot, owned = _take_snapshot(stored)
+        return start_background(target, lambda copy: _write(copy, target, owned), snapshot)
     group = save_group()
     if dist.get_rank() != 0:
         return start_background(target, lambda _: _hear_from_rank_0(target, group), None)
+    snapshot, owned = _take_snapshot(stored)
     return start_background(
-        target, lambda snapshot: _write_on_rank_0(snapshot, target, group), take_snapshot(stored)
+        target, lambda copy: _write_on_rank_0(copy, target, group, owned), snapshot
     )
 
 
-def _write_on_rank_0(snapshot: Any, target: Path, group: Any) -> None:
+#: The storages of the last snapshot accel wrote itself, free once its write ended:
+#: the next snapshot copies into them (see accel.training._snapshot).
+_spare: list[Any] = []
+
+
+def _take_snapshot(stored: Any) -> tuple[Any, list[Any]]:
+    global _spare
+    spare, _spare = spare_of(_spare), []
+    return take_snapshot(stored, spare)  # what it did not reuse is freed on return
+
+
+def _write(snapshot: Any, target: Path, owned: list[Any]) -> None:
+    global _spare
+    try:
+        atomic_save(snapshot, target)
+    finally:
+        del snapshot  # nothing else holds the copies: their storages are free again
+        _spare = owned
+
+
+def _write_on_rank_0(snapshot: Any, target: Path, group: Any, owned: list[Any]) -> None:
     import torch.distributed as dist
 
     failure: BaseException | None = None
     try:
-        atomic_save(snapshot, target)
+        _write(snapshot, target, owned)
     except BaseException as exc:  # the others wait for word of it, whatever it is
         failure = exc
     del snapshot

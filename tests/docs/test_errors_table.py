@@ -1094,6 +1094,42 @@ def _ckpt_save_async_failed(mp: pytest.MonkeyPatch) -> object:
         assert torch.equal(torch.load(path)["small"], torch.zeros(4))
 
 
+@case("ckpt-save-async-xla-processes", RuntimeError)
+def _ckpt_save_async_xla_processes(mp: pytest.MonkeyPatch) -> object:
+    import tempfile
+    import threading
+
+    from accel.plugins._xla_training import XlaTrainingHooks
+
+    # A multi-process PJRT run (torch_xla.launch) without a torch.distributed group.
+    runtime = types.ModuleType("torch_xla.runtime")
+    runtime.world_size = lambda: 2  # type: ignore[attr-defined]
+    model = types.ModuleType("torch_xla.core.xla_model")
+    core = types.ModuleType("torch_xla.core")
+    core.xla_model = model  # type: ignore[attr-defined]
+    package = types.ModuleType("torch_xla")
+    package.runtime, package.core = runtime, core  # type: ignore[attr-defined]
+    for name, module in [
+        ("torch_xla", package),
+        ("torch_xla.core", core),
+        ("torch_xla.core.xla_model", model),
+        ("torch_xla.runtime", runtime),
+    ]:
+        mp.setitem(sys.modules, name, module)  # fmt: skip
+    raised: list[BaseException] = []
+
+    def background_write() -> None:  # where acc.save(..., asynchronous=True) calls the hook
+        try:
+            XlaTrainingHooks().save({"step": 1}, Path(tempfile.mkdtemp()) / "c.pt")
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=background_write)
+    thread.start()
+    thread.join()
+    raise raised[0]
+
+
 @case("ckpt-save-unloadable", TypeError)
 def _ckpt_save_unloadable(mp: pytest.MonkeyPatch) -> object:
     path = _saved({"step": 0})

@@ -174,6 +174,26 @@ def test_views_of_one_storage_stay_views_of_one_copy(
     assert stored["tail"][1] == -1.0 and stored["head"].untyped_storage().nbytes() == 40
 
 
+def test_the_next_snapshot_reuses_the_memory_of_the_last_written_one(
+    acc: accel.Accelerator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[int] = []
+    real_write = _async_save.atomic_save
+
+    def recording_writer(obj: Any, path: Path) -> None:
+        written.append(obj["x"].data_ptr())
+        real_write(obj, path)
+
+    monkeypatch.setattr(_async_save, "atomic_save", recording_writer)
+    x = torch.arange(2**16, dtype=torch.float32)
+    acc.save({"x": x}, tmp_path / "a.pt", asynchronous=True).wait()
+    x.add_(1.0)
+    acc.save({"x": x}, tmp_path / "b.pt", asynchronous=True).wait()
+    assert written[0] == written[1] != x.data_ptr()  # the same host buffer, not x's
+    assert torch.equal(torch.load(tmp_path / "a.pt")["x"], torch.arange(2**16.0))
+    assert torch.equal(torch.load(tmp_path / "b.pt")["x"], torch.arange(2**16.0) + 1)
+
+
 # -- one at a time -----------------------------------------------------------------------
 
 
@@ -192,9 +212,9 @@ def test_the_next_save_waits_for_the_previous_one_and_snapshots_after_it(
         real_write(obj, path)
         log.append(("write ends", path.name))
 
-    def snapshot(stored: Any) -> Any:
+    def snapshot(stored: Any, *args: Any) -> Any:
         log.append(("snapshot", stored["name"]))
-        return real_snapshot(stored)
+        return real_snapshot(stored, *args)
 
     monkeypatch.setattr(_async_save, "atomic_save", slow_writer)
     monkeypatch.setattr(_async_save, "take_snapshot", snapshot)

@@ -1,0 +1,259 @@
+"""Asynchronous saves: how long the loop stalls, and what a training loop that
+checkpoints keeps of its throughput.
+
+1. The stall per ``acc.save(state, path, asynchronous=True)`` of GPT-2 small + AdamW
+   (built in code), side by side with the snapshot copy alone (the tensors copied into
+   fresh CPU memory, what the stall cannot go below) and a synchronous ``acc.save``.
+   Goals: stall <= 1.3x the snapshot copy, <= 0.25x the synchronous save.
+2. A small GPT-2 (4 layers, 256 wide) training on the CPU, a checkpoint every 10 steps:
+   steps per second with asynchronous saves, with synchronous saves, and with none.
+   Goal: asynchronous >= 0.9x of none (the synchronous figure reported beside it).
+   Each segment's time includes waiting for its last save, so nothing is left unpaid.
+3. The GIL: a pure-Python loop's rate in the main thread while a background thread
+   writes GPT-2 small's snapshot with ``atomic_save``, against its rate alone. A writer
+   holding the GIL would stop it; this says how much of it a thread leaves the loop.
+
+Candidates are interleaved, the order rotated every round, each sample after an
+``os.sync()``; medians are reported with the load average (the machine is shared).
+``--small`` runs part 1 on the small model for a quick look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from _harness import fmt_ms, fmt_ratio, print_table, timed, verdict
+from bench_models import GPT2_SMALL, GPT2Config, gpt2_style
+from torch.nn import functional as F
+
+import accel
+from accel.training._async_save import device_state_dict
+from accel.training._snapshot import spare_of, take_snapshot
+from accel.training.atomic import atomic_save
+from accel.training.checkpoint import storable
+
+SMALL = GPT2Config(vocab=8192, width=256, layers=4, heads=4)
+
+
+def _trained_state(config: GPT2Config) -> dict[str, Any]:
+    model = gpt2_style(config, device="cpu")
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
+    optimizer.step()  # AdamW's moments exist: the state is model + 2x parameters
+    optimizer.zero_grad()
+    return {"model": model, "optimizer": optimizer}
+
+
+def _rotated(names: list[str], round_: int) -> list[str]:
+    shift = round_ % len(names)
+    return names[shift:] + names[:shift]
+
+
+def stall(config: GPT2Config, rounds: int, directory: Path) -> None:
+    acc = accel.get_accelerator("cpu")
+    state = _trained_state(config)
+    stored = storable(state, device_state_dict)
+    written: list[float] = []
+    kept: list[Any] = []
+
+    def snapshot_copy() -> None:
+        # As an asynchronous save takes it: into the memory of the previous snapshot.
+        _, owned = take_snapshot(stored, spare_of(kept))
+        kept[:] = owned
+
+    def asynchronous() -> Callable[[], None]:
+        start = time.perf_counter()
+        pending = acc.save(state, directory / "async.pt", asynchronous=True)
+        return lambda: (pending.wait(), written.append(time.perf_counter() - start))
+
+    candidates: dict[str, Callable[[], Any]] = {
+        "snapshot copy": snapshot_copy,
+        "asynchronous acc.save": asynchronous,
+        "synchronous acc.save": lambda: acc.save(state, directory / "sync.pt"),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in candidates}
+    loads = []
+    for round_ in range(rounds + 1):  # round 0 writes the files and warms up
+        for name in _rotated(list(candidates), round_):
+            os.sync()
+            with timed() as clock:
+                result = candidates[name]()
+            if callable(result):
+                result()  # the asynchronous write's end, outside the stall
+            del result
+            if round_:
+                samples[name].append(clock.seconds)
+        loads.append(os.getloadavg()[0])
+    size = (directory / "sync.pt").stat().st_size
+    median = {name: statistics.median(values) for name, values in samples.items()}
+    vs_copy = median["asynchronous acc.save"] / median["snapshot copy"]
+    vs_sync = median["asynchronous acc.save"] / median["synchronous acc.save"]
+    label = "a small GPT-2" if config == SMALL else "GPT-2 small"
+    print_table(
+        f"The loop's stall per save, {label} + AdamW ({size / 2**20:,.0f} MiB), CPU, median "
+        f"of {rounds} interleaved rounds, load average {min(loads):.1f}-{max(loads):.1f}",
+        ["stall", "asynchronous", "against", "ratio", "goal", "verdict"],
+        [
+            [
+                "vs the snapshot copy alone",
+                fmt_ms(median["asynchronous acc.save"]),
+                fmt_ms(median["snapshot copy"]),
+                fmt_ratio(vs_copy) + " time",
+                "<= 1.3×",
+                verdict(vs_copy <= 1.3),
+            ],
+            [
+                "vs a synchronous acc.save",
+                fmt_ms(median["asynchronous acc.save"]),
+                fmt_ms(median["synchronous acc.save"]),
+                fmt_ratio(vs_sync) + " time",
+                "<= 0.25×",
+                verdict(vs_sync <= 0.25),
+            ],
+        ],
+        [
+            "stall: from the call to its return (the snapshot taken, the write started); "
+            "the background write then took "
+            f"{fmt_ms(statistics.median(written[1:] or written))} (median, from the call)",
+            "each sample starts after os.sync(); samples (s): "
+            + "; ".join(
+                f"{name} " + " ".join(f"{v:.3f}" for v in values)
+                for name, values in samples.items()
+            ),
+        ],
+    )
+
+
+def throughput(rounds: int, directory: Path, steps: int = 50, every: int = 10) -> None:
+    acc = accel.get_accelerator("cpu")
+    torch.manual_seed(0)
+    state = _trained_state(SMALL)
+    model, optimizer = state["model"], state["optimizer"]
+    tokens = torch.randint(0, SMALL.vocab, (8, 65))
+
+    def segment(mode: str) -> float:
+        with timed() as clock:
+            for step in range(steps):
+                logits = model(tokens[:, :-1])
+                loss = F.cross_entropy(logits.reshape(-1, SMALL.vocab), tokens[:, 1:].reshape(-1))
+                loss.backward()
+                acc.optimizer_step(optimizer)
+                optimizer.zero_grad()
+                if mode != "none" and step % every == every // 2:
+                    path = directory / f"{mode}-{step}.pt"
+                    acc.save({**state, "step": step}, path, asynchronous=mode == "asynchronous")
+            acc.wait_for_saves()  # the last write is part of the segment
+        return steps / clock.seconds
+
+    samples: dict[str, list[float]] = {"none": [], "asynchronous": [], "synchronous": []}
+    loads = []
+    for round_ in range(rounds + 1):
+        for mode in _rotated(list(samples), round_):
+            os.sync()
+            rate = segment(mode)
+            if round_:
+                samples[mode].append(rate)
+        loads.append(os.getloadavg()[0])
+    size = (directory / f"synchronous-{every // 2}.pt").stat().st_size
+    median = {mode: statistics.median(values) for mode, values in samples.items()}
+    rows = []
+    for mode in ("asynchronous", "synchronous"):
+        ratio = median[mode] / median["none"]
+        rows.append(
+            [
+                f"{mode} saves",
+                f"{median[mode]:.2f} steps/s",
+                f"{median['none']:.2f} steps/s",
+                fmt_ratio(ratio) + " throughput",
+                ">= 0.9×" if mode == "asynchronous" else "(reported)",
+                verdict(ratio >= 0.9) if mode == "asynchronous" else "—",
+            ]
+        )
+    print_table(
+        f"Training a small GPT-2 on the CPU ({size / 2**20:,.0f} MiB checkpoint every {every} "
+        f"steps), {steps}-step segments, median of {rounds} interleaved rounds, load average "
+        f"{min(loads):.1f}-{max(loads):.1f}",
+        ["loop", "steps/s", "no checkpoints", "ratio", "goal", "verdict"],
+        rows,
+        [
+            "each segment ends with acc.wait_for_saves(): its last write is paid for",
+            f"torch threads: {torch.get_num_threads()}; samples (steps/s): "
+            + "; ".join(
+                f"{mode} " + " ".join(f"{v:.2f}" for v in values)
+                for mode, values in samples.items()
+            ),
+        ],
+    )
+
+
+def gil(directory: Path, rounds: int) -> None:
+    state = _trained_state(GPT2_SMALL)
+    snapshot, _ = take_snapshot(storable(state, device_state_dict))
+
+    def count_for(seconds: float, until: threading.Event | None = None) -> float:
+        counted, start = 0, time.perf_counter()
+        while True:
+            for _ in range(1000):
+                counted += 1
+            elapsed = time.perf_counter() - start
+            if (until.is_set() if until is not None else elapsed >= seconds) and elapsed > 0:
+                return counted / elapsed
+
+    ratios, writes = [], []
+    for _ in range(rounds):
+        os.sync()
+        finished = threading.Event()
+
+        def write(finished: threading.Event) -> None:
+            atomic_save(snapshot, directory / "gil.pt")
+            finished.set()
+
+        start = time.perf_counter()
+        writer = threading.Thread(target=write, args=(finished,))
+        writer.start()
+        during = count_for(0.0, finished)
+        writer.join()
+        writes.append(time.perf_counter() - start)
+        alone = count_for(min(writes[-1], 3.0))
+        ratios.append(during / alone)
+    print_table(
+        f"The GIL during a background write (GPT-2 small + AdamW, median of {rounds})",
+        ["main thread's Python loop", "rate during the write / alone"],
+        [["while atomic_save runs in a thread", fmt_ratio(statistics.median(ratios))]],
+        [
+            f"write {statistics.median(writes):.2f} s (median); ratios "
+            + " ".join(f"{r:.2f}" for r in ratios),
+            f"{os.cpu_count()} cores: below 1.0 is the GIL the writer holds plus the CPU "
+            "it takes from the loop (the kernel's copy into the page cache, the fsync)",
+        ],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--small", action="store_true")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--parts", default="stall,throughput,gil")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    with tempfile.TemporaryDirectory(dir=".") as name:
+        directory = Path(name)
+        if "stall" in parts:
+            stall(SMALL if args.small else GPT2_SMALL, args.rounds, directory)
+        if "throughput" in parts:
+            throughput(args.rounds, directory)
+        if "gil" in parts:
+            gil(directory, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
