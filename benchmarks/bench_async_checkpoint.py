@@ -6,9 +6,10 @@ checkpoints keeps of its throughput.
    fresh CPU memory, what the stall cannot go below) and a synchronous ``acc.save``.
    Goals: stall <= 1.3x the snapshot copy, <= 0.25x the synchronous save.
 2. A small GPT-2 (4 layers, 256 wide) training on the CPU, a checkpoint every 10 steps:
-   steps per second with asynchronous saves, with synchronous saves, and with none.
-   Goal: asynchronous >= 0.9x of none (the synchronous figure reported beside it).
-   Each segment's time includes waiting for its last save, so nothing is left unpaid.
+   steps per second with asynchronous saves, with synchronous saves, and with none, in
+   20-step segments. Goal: asynchronous >= 0.9x of none (the synchronous figure beside
+   it). Each segment's time includes waiting for its last save, so nothing is left
+   unpaid. Training runs on ``--threads`` torch threads (1 by default: see the table).
 3. The GIL: a pure-Python loop's rate in the main thread while GPT-2 small's snapshot
    is written with ``atomic_save`` beside it, against its rate alone, the writer in a
    thread and in a forked process (which cannot hold the loop's GIL). A writer
@@ -135,12 +136,16 @@ def stall(config: GPT2Config, rounds: int, directory: Path) -> None:
     )
 
 
-def throughput(rounds: int, directory: Path, steps: int = 50, every: int = 10) -> None:
+def throughput(
+    rounds: int, directory: Path, threads: int, steps: int = 20, every: int = 10
+) -> None:
     acc = accel.get_accelerator("cpu")
     torch.manual_seed(0)
     state = _trained_state(SMALL)
     model, optimizer = state["model"], state["optimizer"]
-    tokens = torch.randint(0, SMALL.vocab, (8, 65))
+    tokens = torch.randint(0, SMALL.vocab, (4, 33))
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads)
 
     def segment(mode: str) -> float:
         with timed() as clock:
@@ -165,6 +170,7 @@ def throughput(rounds: int, directory: Path, steps: int = 50, every: int = 10) -
             if round_:
                 samples[mode].append(rate)
         loads.append(os.getloadavg()[0])
+    torch.set_num_threads(threads_before)
     size = (directory / f"synchronous-{every // 2}.pt").stat().st_size
     median = {mode: statistics.median(values) for mode, values in samples.items()}
     rows = []
@@ -187,8 +193,11 @@ def throughput(rounds: int, directory: Path, steps: int = 50, every: int = 10) -
         ["loop", "steps/s", "no checkpoints", "ratio", "goal", "verdict"],
         rows,
         [
-            "each segment ends with acc.wait_for_saves(): its last write is paid for",
-            f"torch threads: {torch.get_num_threads()}; samples (steps/s): "
+            "each segment ends with acc.wait_for_saves(): its last write is paid for; "
+            "the batch is 4 sequences of 32 tokens",
+            f"torch intra-op threads: {threads} (--threads; on a machine whose cores "
+            "other jobs share, torch's OpenMP threads wait on each other whenever one is "
+            "descheduled: 2 threads ran 10x slower than 1 here); samples (steps/s): "
             + "; ".join(
                 f"{mode} " + " ".join(f"{v:.2f}" for v in values)
                 for mode, values in samples.items()
@@ -272,6 +281,7 @@ def main() -> None:
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--parts", default="stall,throughput,gil")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for training")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     with tempfile.TemporaryDirectory(dir=".") as name:
@@ -279,7 +289,7 @@ def main() -> None:
         if "stall" in parts:
             stall(SMALL if args.small else GPT2_SMALL, args.rounds, directory)
         if "throughput" in parts:
-            throughput(args.rounds, directory)
+            throughput(args.rounds, directory, args.threads)
         if "gil" in parts:
             gil(directory, args.rounds)
 
