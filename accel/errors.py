@@ -8,6 +8,8 @@ exception a caller would naturally expect.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AcceleratorError",
     "AcceleratorNotFoundError",
@@ -21,6 +23,17 @@ __all__ = [
 
 class AcceleratorError(Exception):
     """Base class of every error accel raises on purpose."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickling re-runs __init__ with the message alone, which the subclasses'
+        # keyword-only arguments refuse; a worker process handing its error back (Ray
+        # Train's, multiprocessing's) would then lose it. Rebuild from the message and
+        # the attributes (notes included) instead.
+        return (_rebuild, (type(self), self.args), self.__dict__)
+
+
+def _rebuild(cls: type[AcceleratorError], args: tuple[Any, ...]) -> AcceleratorError:
+    return cls.__new__(cls, *args)
 
 
 class AcceleratorNotFoundError(AcceleratorError, LookupError):
