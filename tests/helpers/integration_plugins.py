@@ -73,3 +73,30 @@ class IndexedVendorPlugin(VendorPlugin):
     @accel.hookimpl
     def get_device(self, index: int | None) -> torch.device:
         return torch.device("cpu", index or 0)
+
+
+class InstalledVendorPlugin(VendorPlugin):
+    """``vendornpu`` as an ``accel`` entry point builds it (a class, no arguments), for
+    processes the tests do not start themselves (Ray's workers): every instance is kept
+    in :attr:`INSTANCES`, so that the process can report the calls its plugin saw."""
+
+    INSTANCES: ClassVar[list[VendorPlugin]] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        InstalledVendorPlugin.INSTANCES.append(self)
+
+
+class OwnBackendVendorPlugin(VendorPlugin):
+    """Accelerator ``vendorccl``, whose plugin declares a process-group backend of its
+    own (``vendorccl``) that neither torch nor Ray knows."""
+
+    NAME = "vendorccl"
+
+    @accel.hookimpl
+    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+        return [accel.AcceleratorSpec(self.NAME, priority=10)]
+
+    @accel.hookimpl
+    def distributed_backend(self) -> str:
+        return "vendorccl"
