@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 try:
     import ray.train
     import ray.train.torch
-except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
+except ModuleNotFoundError as exc:
     if exc.name not in ("ray", "ray.train", "ray.train.torch"):
         raise
     raise ModuleNotFoundError(

@@ -116,6 +116,8 @@ class Case:
     bug: str | None = None
     #: Some fragments live in exception notes, which exist from Python 3.11.
     needs_notes: bool = False
+    #: Needs Ray Train installed: runs in `bash scripts/test ray` (marker ``ray``).
+    needs_ray: bool = False
 
 
 CASES: dict[str, Case] = {}
@@ -127,10 +129,11 @@ def case(
     *,
     bug: str | None = None,
     needs_notes: bool = False,
+    needs_ray: bool = False,
 ) -> Callable[[Trigger], Trigger]:
     def register(trigger: Trigger) -> Trigger:
         assert case_id not in CASES, f"two cases named {case_id!r}"
-        CASES[case_id] = Case(case_id, trigger, expected, bug, needs_notes)
+        CASES[case_id] = Case(case_id, trigger, expected, bug, needs_notes, needs_ray)
         return trigger
 
     return register
@@ -1482,6 +1485,85 @@ def _lightning_checkpoint_missing(mp: pytest.MonkeyPatch) -> object:
     return AccelCheckpointIO().load_checkpoint("missing.ckpt")
 
 
+# Ray Train (accel.integrations.ray) ----------------------------------------------------
+# Each case but the first imports the module inside: it imports Ray, which only the
+# environments of `bash scripts/test ray` have (the cases carry the `ray` marker).
+
+
+@case("ray-not-installed", ModuleNotFoundError)
+def _ray_not_installed(mp: pytest.MonkeyPatch) -> object:
+    mp.setitem(sys.modules, "ray", None)  # as if not installed, wherever this runs
+    mp.delitem(sys.modules, "accel.integrations.ray", raising=False)
+    return importlib.import_module("accel.integrations.ray")
+
+
+@case("ray-accelerator-unknown", accel.AcceleratorNotFoundError, needs_ray=True)
+def _ray_accelerator_unknown(mp: pytest.MonkeyPatch) -> object:
+    from accel.integrations.ray import torch_config
+
+    return torch_config("quantum", registry=isolated_registry())
+
+
+@case("ray-backend-unknown-to-ray", DistributedSetupError, needs_ray=True)
+def _ray_backend_unknown_to_ray(mp: pytest.MonkeyPatch) -> object:
+    from accel.integrations.ray import torch_config
+
+    registry = isolated_registry(_plugin(distributed_backend=lambda self: "vendorccl"))
+    return torch_config("npu", registry=registry)
+
+
+@case("ray-backend-xla", DistributedSetupError, needs_ray=True)
+def _ray_backend_xla(mp: pytest.MonkeyPatch) -> object:
+    from accel.integrations.ray import torch_config
+
+    registry = isolated_registry(_plugin(distributed_backend=lambda self: "xla"))
+    return torch_config("npu", registry=registry)
+
+
+@case("ray-outside-train-function", RuntimeError, needs_ray=True)
+def _ray_outside_train_function(mp: pytest.MonkeyPatch) -> object:
+    from accel.integrations.ray import prepare_model
+
+    return prepare_model(TiedLM(), accelerator="cpu")
+
+
+@case("ray-group-backend-mismatch", DistributedSetupError, needs_ray=True)
+def _ray_group_backend_mismatch(mp: pytest.MonkeyPatch) -> object:
+    import ray.train
+
+    from accel.integrations.ray import prepare_model
+
+    # A worker of two whose group Ray started with its default, gloo (here a world of
+    # one in memory), for an accelerator whose plugin declares another backend.
+    for name in (*accel.distributed.TORCHRUN_VARIABLES, "LOCAL_WORLD_SIZE"):
+        mp.delenv(name, raising=False)
+    worker = types.SimpleNamespace(get_world_size=lambda: 2, get_world_rank=lambda: 0)
+    mp.setattr(ray.train, "get_context", lambda: worker)
+    registry = isolated_registry(_plugin(distributed_backend=lambda self: "vendorccl"))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        return prepare_model(TiedLM(), accelerator=registry.get_accelerator("npu"))
+    finally:
+        accel.distributed.destroy_process_group(barrier=False)
+
+
+@case("ray-loader-not-a-dataloader", TypeError, needs_ray=True)
+def _ray_loader_not_a_dataloader(mp: pytest.MonkeyPatch) -> object:
+    from accel.integrations.ray import prepare_data_loader
+
+    return prepare_data_loader([torch.zeros(2)], accelerator="cpu")
+
+
+@case("ray-loader-own-sampler", ValueError, needs_ray=True)
+def _ray_loader_own_sampler(mp: pytest.MonkeyPatch) -> object:
+    from torch.utils.data import DataLoader, WeightedRandomSampler
+
+    from accel.integrations.ray import prepare_data_loader
+
+    sampler = WeightedRandomSampler([1.0, 2.0], num_samples=2)
+    return prepare_data_loader(DataLoader(range(2), sampler=sampler), accelerator="cpu")
+
+
 # -- the tests -------------------------------------------------------------------------
 
 
@@ -1497,6 +1579,8 @@ def _params() -> list[Any]:
                     sys.version_info < (3, 11), reason="exception notes need Python 3.11"
                 )
             )
+        if item.needs_ray:
+            marks.append(pytest.mark.ray)
         params.append(pytest.param(item, id=item.id, marks=marks))
     return params
 
