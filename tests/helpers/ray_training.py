@@ -42,6 +42,8 @@ from helpers.tied_training import (
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
+#: examples/ray_train.py, the loop docs/integrations.md shows, imports as ``ray_train``.
+EXAMPLES = REPO / "examples"
 #: Logical CPUs of the test cluster: one per worker (the controller takes none).
 CLUSTER_CPUS = 2
 #: Wall-clock bound of one trainer run: Ray's start-up is most of it (20 s on 2 idle
@@ -77,10 +79,10 @@ def vendor_distribution(root: Path) -> Path:
 @contextmanager
 def local_cluster(extra_paths: tuple[Path, ...] = (), **env: str) -> Iterator[None]:
     """A local Ray cluster of :data:`CLUSTER_CPUS` CPUs, no dashboard; its workers see
-    this repository's accel, tests/ and ``extra_paths``, with ``env`` set."""
+    this repository's accel, tests/, examples/ and ``extra_paths``, with ``env`` set."""
     for name, value in QUIET_RAY.items():
         os.environ.setdefault(name, value)  # read by the processes ray.init starts
-    path = os.pathsep.join(str(p) for p in (REPO, TESTS, *extra_paths))
+    path = os.pathsep.join(str(p) for p in (REPO, TESTS, EXAMPLES, *extra_paths))
     ray.init(
         num_cpus=CLUSTER_CPUS,
         include_dashboard=False,

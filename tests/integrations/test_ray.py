@@ -11,17 +11,20 @@ cluster's CPUs come back. Runs in `bash scripts/test ray` (marker `ray`).
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import ray
 import ray.train
 import ray.train.torch
+import torch
 
 import accel
 from accel.distributed import DistributedSetupError
@@ -30,6 +33,7 @@ from helpers.integration_plugins import InstalledVendorPlugin, OwnBackendVendorP
 from helpers.processes import clean_environment
 from helpers.ray_training import (
     CLUSTER_CPUS,
+    EXAMPLES,
     REPO,
     fit,
     local_cluster,
@@ -144,6 +148,28 @@ def test_a_killed_worker_is_restarted_and_the_run_resumes_exactly(
         # Exactly the uninterrupted run's parameters.
         assert report["parameters"] == cpu_run[0]["parameters"]
     assert result.checkpoint is not None  # Ray kept the last one reported
+
+
+@pytest.fixture(scope="module")
+def example() -> Iterator[ModuleType]:
+    """examples/ray_train.py, whose loop docs/integrations.md shows."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        yield importlib.import_module("ray_train")
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+
+def test_the_documented_example_trains_and_checkpoints_the_tie_once(
+    cluster: None, example: ModuleType, tmp_path: Path
+) -> None:
+    result = example.train("cpu", workers=WORKERS, storage=str(tmp_path), epochs=2)
+    assert result.metrics["epoch"] == 1  # the last of the 2 epochs, with its checkpoint
+    assert result.checkpoint is not None
+    with result.checkpoint.as_directory() as directory:
+        state = torch.load(Path(directory) / "state.pt", weights_only=True)
+    assert state["epoch"] == 1
+    assert state["model"]["head.weight"] is state["model"]["embed.weight"]  # stored once
 
 
 def test_torch_config_carries_the_accelerators_backend(
