@@ -29,9 +29,6 @@ import torch
 
 import accel.plugins._xla_versions as _xla_versions
 from accel._util.walk import each_module
-
-# TyingWarning is re-exported: it was first documented as accel.plugins.tpu.TyingWarning.
-from accel.errors import TyingWarning
 from accel.markers import hookimpl
 from accel.plugins._pjrt import (
     PjrtDevice,
@@ -48,7 +45,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["TieGuardPlugin", "TpuPlugin", "TyingWarning", "move_can_untie"]
+__all__ = ["TieGuardPlugin", "TpuPlugin"]
 
 #: Device types whose tensors cannot take over another device's storage in place:
 #: a move starting or ending on one gives every slot a Parameter of its own.

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from accel.accelerator import Accelerator
     from accel.registry import AcceleratorRegistry
 
-__all__ = ["MARKER_NAME", "OPTION_DEST", "accelerator"]
+__all__ = ["accelerator"]
 
 #: The marker naming the accelerators a test can run on.
 MARKER_NAME: Final = "accelerator"

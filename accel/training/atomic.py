@@ -34,7 +34,7 @@ import torch
 
 from accel._util.files import fsync_directory, process_alive
 
-__all__ = ["TEMPORARY_MARK", "atomic_save", "is_temporary"]
+__all__ = ["atomic_save"]
 
 #: Part of every temporary file's name: ``.<name>.<host>.<pid>.<random>.accel-tmp``
 #: (the random part keeps two saves to one path, from two threads, apart).

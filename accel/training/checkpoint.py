@@ -28,16 +28,7 @@ from accel.training.step import unwrap_compiled
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "cpu_state_dict",
-    "is_main_process",
-    "load_checkpoint",
-    "map_tensors",
-    "restore_into",
-    "save_on_main_process",
-    "storable",
-    "to_cpu",
-]
+__all__ = ["cpu_state_dict", "is_main_process", "load_checkpoint", "save_on_main_process"]
 
 
 def cpu_state_dict(model: torch.nn.Module) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Final
 
 from accel.types import MemoryStats
 
-__all__ = ["MEMORY_KEYS", "host_memory_stats", "memory_stats_problem", "unknown"]
+__all__ = ["host_memory_stats"]
 
 
 MEMORY_KEYS: Final = ("allocated_bytes", "peak_allocated_bytes", "total_bytes")

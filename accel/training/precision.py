@@ -17,14 +17,7 @@ import torch
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "autocast_to",
-    "bfloat16_autocast",
-    "checked_autocast_dtype",
-    "full_precision",
-    "requested_dtype",
-    "torch_autocast",
-]
+__all__ = ["autocast_to", "bfloat16_autocast"]
 
 
 def autocast_to(

@@ -22,7 +22,7 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_SIGNALS", "PreemptionGuard"]
+__all__ = ["PreemptionGuard"]
 
 #: What the guard notes by default: SIGTERM (Kubernetes, spot VMs, ``scancel``, SLURM's
 #: time limit) and SIGUSR1 (SLURM's ``--signal=USR1@90``).

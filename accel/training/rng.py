@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["device_generators_of", "host_rng_state", "set_host_rng_state"]
+__all__ = ["device_generators_of"]
 
 #: The keys of :meth:`Accelerator.rng_state`'s result.
 RNG_KEYS = ("python", "numpy", "torch", "device")

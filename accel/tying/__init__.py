@@ -38,9 +38,7 @@ __all__ = [
     "TiedGroup",
     "TyingSnapshot",
     "count_unique_parameters",
-    "empty_duplicate_slots",
     "find_tied_parameters",
-    "format_tie_failure",
     "retie",
 ]
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import accel
 
 PACKAGE = Path(accel.__file__).parent
-API_PAGE = PACKAGE.parent / "docs" / "api.md"
 MAX_LINES = 400
 
 
@@ -276,34 +275,3 @@ def test_pluggy_is_used_through_its_public_api_only() -> None:
         if private.search(path.read_text())
     ]
     assert offenders == []
-
-
-def _documented() -> set[str]:
-    return set(re.findall(r"^::: ([\w.]+)", API_PAGE.read_text(), flags=re.MULTILINE))
-
-
-def test_every_public_name_and_module_is_in_the_api_reference() -> None:
-    documented = _documented()
-    public_modules = {
-        name
-        for name in _modules()
-        if name != "accel" and not any(part.startswith("_") for part in name.split("."))
-    }
-    for name in accel.__all__:
-        if name == "__version__":
-            continue
-        owner = getattr(accel, "_LAZY_NAMES", {}).get(name) or getattr(accel, name).__module__
-        assert f"accel.{name}" in documented or owner in documented, f"accel.{name}"
-    covered = {
-        module
-        for module in public_modules
-        if module in documented  # the module itself
-        or module.rpartition(".")[0] in documented  # its package (accel.plugins.cpu)
-        or any(name.startswith(f"{module}.") for name in documented)  # one of its members
-    }
-    assert public_modules - covered == set(), "public modules missing from docs/api.md"
-
-
-def test_the_api_reference_documents_nothing_private() -> None:
-    private = {name for name in _documented() if any(p.startswith("_") for p in name.split("."))}
-    assert private == set()
