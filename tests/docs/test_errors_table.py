@@ -1536,7 +1536,7 @@ def _ray_group_backend_mismatch(mp: pytest.MonkeyPatch) -> object:
 
     # A worker of two whose group Ray started with its default, gloo (here a world of
     # one in memory), for an accelerator whose plugin declares another backend.
-    for name in (*accel.distributed.TORCHRUN_VARIABLES, "LOCAL_WORLD_SIZE"):
+    for name in (*launchers.TORCHRUN_VARIABLES, "LOCAL_WORLD_SIZE"):
         mp.delenv(name, raising=False)
     worker = types.SimpleNamespace(get_world_size=lambda: 2, get_world_rank=lambda: 0)
     mp.setattr(ray.train, "get_context", lambda: worker)
