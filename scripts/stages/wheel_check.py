@@ -10,6 +10,7 @@ accel-torch, its dependencies and nothing else.
 
 from __future__ import annotations
 
+import email
 import importlib
 import importlib.metadata
 import importlib.util
@@ -52,6 +53,9 @@ JUNK_PARTS = {
 }
 JUNK_SUFFIXES = (".pyc", ".pyo", ".egg-info", ".so", ".whl", ".tar.gz")
 
+#: Hosts no real project URL has.
+PLACEHOLDERS = (".invalid", "example.com", "example.org", "localhost")
+
 #: What an sdist needs to be a source a user can install, test and read.
 SDIST_NEEDS = (
     "PKG-INFO",
@@ -76,6 +80,12 @@ def problem(text: str) -> None:
 
 def say(text: str) -> None:
     print(f"   {text}")
+
+
+def passed(before: int, text: str) -> None:
+    """Say what was checked, if no problem came up since ``before`` problems."""
+    if len(problems) == before:
+        say(text)
 
 
 def finish(what: str) -> int:
@@ -109,6 +119,7 @@ def check_one_version(repo: Path) -> str:
     # Here, not at the top: tomllib is 3.11+, and the venv's Python may be 3.10.
     import tomllib
 
+    before = len(problems)
     version = source_version(repo)
     project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
     if "version" in project:
@@ -118,7 +129,7 @@ def check_one_version(repo: Path) -> str:
         )
     if "version" not in project.get("dynamic", []):
         problem('pyproject.toml\'s [project] lacks dynamic = ["version"]')
-    say(f"version {version}: from accel/__init__.py only (pyproject.toml: dynamic)")
+    passed(before, f"version {version}: from accel/__init__.py only (pyproject.toml: dynamic)")
     return version
 
 
@@ -156,19 +167,21 @@ def check_sdist(path: Path, version: str, repo: Path) -> None:
         if not (member.isfile() or member.issym()):
             problem(f"{member.name} is not a plain file")
     say(f"{len(names)} files under {root}/")
+    before = len(problems)
     for needed in SDIST_NEEDS:
         if needed not in names:
             problem(f"the sdist lacks {needed}")
-    say(f"holds {', '.join(SDIST_NEEDS)}")
-    junk = sorted(name for name in names if is_junk(name))
-    for name in junk:
+    passed(before, f"holds {', '.join(SDIST_NEEDS)}")
+    before = len(problems)
+    for name in sorted(name for name in names if is_junk(name)):
         problem(f"the sdist ships junk: {name}")
-    say("no caches, bytecode or build leftovers" if not junk else f"{len(junk)} junk files")
+    passed(before, "no caches, bytecode or build leftovers")
+    before = len(problems)
     tracked, untracked = tracked_files(repo)
     shipped = {name for name in tracked if not name.startswith(NOT_SHIPPED)}
     for name in sorted(shipped - names):
         problem(f"git tracks {name} but the sdist lacks it")
-    say(f"ships all {len(shipped)} tracked files but {', '.join(NOT_SHIPPED)}")
+    passed(before, f"ships all {len(shipped)} tracked files but {', '.join(NOT_SHIPPED)}")
     for name in sorted(names - tracked - {"PKG-INFO"}):
         if name in untracked:
             say(f"note: ships {name}, which git does not track yet (a clean clone lacks it)")
@@ -182,49 +195,52 @@ def check_wheel(path: Path, version: str, repo: Path) -> str:
     info = f"accel_torch-{version}.dist-info"
     with zipfile.ZipFile(path) as wheel:
         names = set(wheel.namelist())
-        metadata = wheel.read(f"{info}/METADATA").decode() if f"{info}/METADATA" in names else ""
-        entry_points = (
-            wheel.read(f"{info}/entry_points.txt").decode()
-            if f"{info}/entry_points.txt" in names
-            else ""
-        )
+
+        def text(name: str) -> str:
+            return wheel.read(f"{info}/{name}").decode() if f"{info}/{name}" in names else ""
+
+        metadata = email.message_from_string(text("METADATA"))
+        entry_points = text("entry_points.txt")
     source = {
         p.relative_to(repo).as_posix()
         for p in (repo / "accel").rglob("*")
         if p.is_file() and not is_junk(p.relative_to(repo).as_posix())
     }
     package = {name for name in names if name.startswith("accel/")}
+    before = len(problems)
     for name in sorted(source - package):
         problem(f"the wheel lacks {name}")
     for name in sorted(package - source):
         problem(f"the wheel ships {name}, which accel/ does not hold")
     if "accel/py.typed" not in package:
         problem("the wheel lacks accel/py.typed (typed package marker)")
-    say(f"accel/: {len(package)} files, the same as the checkout's accel/, py.typed included")
+    passed(
+        before, f"accel/: {len(package)} files, the checkout's accel/ exactly, py.typed included"
+    )
+    before = len(problems)
     others = sorted(name for name in names - package if not name.startswith(f"{info}/"))
     for name in others:
         problem(f"the wheel ships {name}, outside accel/ and {info}/")
     for needed in ("METADATA", "WHEEL", "RECORD", "entry_points.txt"):
         if f"{info}/{needed}" not in names:
             problem(f"the wheel lacks {info}/{needed}")
-    say(f"nothing outside accel/ and {info}/")
+    passed(before, f"nothing outside accel/ and {info}/, which holds METADATA, RECORD...")
+    before = len(problems)
     for line in ("accel = accel.tools.cli:main", "accel = accel.tools.pytest_plugin"):
         if line not in entry_points.splitlines():
             problem(f"entry_points.txt lacks `{line}`")
-    say("entry points: the accel command, the pytest11 plugin")
-    header, _, readme = metadata.partition("\n\n")
-    fields = [tuple(line.split(": ", 1)) for line in header.splitlines() if ": " in line]
-    found = dict(fields)
-    if found.get("Name") != DIST or found.get("Version") != version:
-        problem(f"METADATA names {found.get('Name')} {found.get('Version')}, not {DIST} {version}")
-    if found.get("Description-Content-Type") != "text/markdown":
+    passed(before, "entry points: the accel command, the pytest11 plugin")
+    before = len(problems)
+    if metadata["Name"] != DIST or metadata["Version"] != version:
+        problem(f"METADATA names {metadata['Name']} {metadata['Version']}, not {DIST} {version}")
+    if metadata["Description-Content-Type"] != "text/markdown":
         problem("METADATA's Description-Content-Type is not text/markdown")
-    urls = [value for key, value in fields if key == "Project-URL" or key == "Home-page"]
+    urls = [*metadata.get_all("Project-URL", []), *metadata.get_all("Home-page", [])]
     for url in urls:
-        if "example" in url or "invalid" in url or "localhost" in url:
+        if any(placeholder in url for placeholder in PLACEHOLDERS):
             problem(f"METADATA carries a placeholder URL: {url}")
-    say(f"METADATA: {DIST} {version}, README as text/markdown, {len(urls)} project URLs")
-    return readme
+    passed(before, f"METADATA: {DIST} {version}, README as text/markdown, {len(urls)} URLs")
+    return str(metadata.get_payload())
 
 
 #: Markdown links and images, reference definitions, HTML href/src.
@@ -247,7 +263,7 @@ def check_readme_links(readme: str) -> None:
     for link in links:
         if not link.startswith(("https://", "http://", "mailto:")):
             problem(f"README link {link!r} is relative: it breaks on the index's page")
-        elif "example.invalid" in link:
+        elif any(placeholder in link for placeholder in PLACEHOLDERS):
             problem(f"README link {link!r} is a placeholder")
     say(f"{len(links)} links: {', '.join(sorted(set(links))) or 'none'}")
 
@@ -358,6 +374,7 @@ def installed(version: str, repo: str) -> int:
     import accel
 
     print(f"-- the installed accel (python {sys.version.split()[0]}, {sys.prefix})")
+    before = len(problems)
     for entry in sys.path:
         if entry and inside(entry, repo):
             problem(f"sys.path holds {entry}, inside the checkout {repo}")
@@ -365,17 +382,20 @@ def installed(version: str, repo: str) -> int:
         problem(f"the working directory {os.getcwd()} is inside the checkout")
     if not inside(accel.__file__, sys.prefix):
         problem(f"accel is imported from {accel.__file__}, not from the venv {sys.prefix}")
-    say(f"accel.__file__ = {accel.__file__}")
+    passed(before, f"accel.__file__ = {accel.__file__}; nothing of the checkout on sys.path")
+    before = len(problems)
     found = importlib.metadata.version(DIST)
     if not (found == accel.__version__ == version):
         problem(
             f"versions differ: built {version}, installed metadata {found}, "
             f"accel.__version__ {accel.__version__}"
         )
-    say(f"version {version}: the built wheel's, the installed metadata's, accel.__version__")
+    passed(before, f"version {version}: the built wheel's, the installed metadata's, accel's")
+    before = len(problems)
     if "torch" in sys.modules:
         problem("`import accel` imported torch")
-    say("`import accel` imports no torch")
+    passed(before, "`import accel` imports no torch")
+    before = len(problems)
     probe = (
         "import sys\nfrom accel.tools.cli import main\n"
         "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
@@ -386,7 +406,7 @@ def installed(version: str, repo: str) -> int:
     )
     if loaded.returncode != 0 or loaded.stdout.splitlines()[-1:] != ["False"]:
         problem(f"`accel --version` imported torch or failed: {loaded.stdout}{loaded.stderr}")
-    say("`accel --version` imports no torch")
+    passed(before, "`accel --version` imports no torch")
 
     out = run_command("--version")
     if out.strip() != f"accel {version}":
