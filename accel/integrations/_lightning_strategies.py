@@ -29,7 +29,7 @@ from accel.integrations._lightning_base import (
     AccelStrategyBase,
     require_in_place,
 )
-from accel.training.optimizers import retarget_optimizers
+from accel.training.step import retarget_optimizers
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl

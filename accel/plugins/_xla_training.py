@@ -20,13 +20,21 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from accel._core.notes import add_note
+from accel._util.notes import add_note
 from accel.markers import hookimpl
+from accel.plugins._xla_gradients import note_reduced, reduce_for_clipping, reduce_for_step
+from accel.training.atomic import atomic_save
+from accel.training.device_loader import DeviceLoader
+from accel.training.memory import unknown
+from accel.training.nested import map_nested
+from accel.training.precision import bfloat16_autocast
+from accel.training.step import clip_grad_norm
+from accel.types import MemoryStats
 
 if TYPE_CHECKING:
     import torch
 
-    from accel.training.memory import MemoryStats
+    from accel.types import MemoryStats
 
 __all__ = ["XlaTrainingHooks"]
 
@@ -38,8 +46,6 @@ class XlaTrainingHooks:
     @hookimpl(wrapper=True)
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> Generator[None, Any, Any]:
         import torch_xla
-
-        from accel.plugins._xla_gradients import reduce_for_step
 
         # All-reduce, only when several replicas train, and not again what clipping did;
         # before a scaler's step, so every replica sees the same overflow.
@@ -58,9 +64,6 @@ class XlaTrainingHooks:
     def clip_grad_norm_(
         self, parameters: list[torch.Tensor], max_norm: float, norm_type: float
     ) -> torch.Tensor:
-        from accel.plugins._xla_gradients import note_reduced, reduce_for_clipping
-        from accel.training.clipping import clip_grad_norm
-
         reduce_for_clipping(parameters)  # every replica clips the same, reduced gradients
         norm = clip_grad_norm(parameters, max_norm, norm_type)
         note_reduced(parameters)  # so optimizer_step does not reduce them again
@@ -93,15 +96,11 @@ class XlaTrainingHooks:
     def autocast(
         self, accelerator: str, device: torch.device, dtype: torch.dtype | None
     ) -> AbstractContextManager[Any]:
-        from accel.training.precision import bfloat16_autocast
-
         return bfloat16_autocast(accelerator, device, dtype)
 
     @hookimpl
     def memory_stats(self, device: torch.device) -> MemoryStats:
         import torch_xla.core.xla_model as xm
-
-        from accel.training.memory import MemoryStats, unknown
 
         try:
             info = xm.get_memory_info(device)
@@ -119,8 +118,6 @@ class XlaTrainingHooks:
     def device_loader(
         self, loader: Iterable[Any], device: torch.device, move: Callable[[Any], Any]
     ) -> Iterable[Any]:
-        from accel.training.device_loader import DeviceLoader
-
         inner = loader.batches if isinstance(loader, DeviceLoader) else None
         if isinstance(inner, XlaLoader) and inner.device == device:
             # Wrapped twice: one parallel loader over the original loader, each batch
@@ -142,8 +139,6 @@ class XlaTrainingHooks:
     def save(self, obj: Any, path: Any) -> bool:
         import torch_xla.core.xla_model as xm
         import torch_xla.runtime as xr
-
-        from accel.training.atomic import atomic_save
 
         if xr.world_size() == 1:
             atomic_save(obj, path)
@@ -214,8 +209,6 @@ class XlaLoader:
 
     def __iter__(self) -> Iterator[Any]:
         import torch_xla.distributed.parallel_loader as pl
-
-        from accel.training.nested import map_nested
 
         source = _Capturing(self.loader)
         move = self.move
@@ -293,8 +286,6 @@ class _Capturing:
         return len(self._loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        from accel.training.nested import map_nested
-
         try:
             for batch in self._loader:
                 tensors: list[torch.Tensor] = []

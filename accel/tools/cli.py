@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from accel._core.names import ACCELERATOR_ENV as _ACCELERATOR_ENV
+from accel._util.names import ACCELERATOR_ENV as _ACCELERATOR_ENV
 
 __all__ = ["main"]
 

@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final
 if TYPE_CHECKING:
     import torch
 
-from accel._core.files import fsync_directory, process_alive
+import torch
+
+from accel._util.files import fsync_directory, process_alive
 
 __all__ = ["TEMPORARY_MARK", "atomic_save", "is_temporary"]
 
@@ -111,8 +113,6 @@ class _RecordingFile:
 
 
 def _write(obj: Any, file: BinaryIO, target: Path) -> None:
-    import torch
-
     recording = _RecordingFile(file)
     try:
         torch.save(obj, recording, pickle_module=_cpu_pickle_module())  # type: ignore[arg-type]
@@ -138,7 +138,6 @@ class _CpuPickler(pickle.Pickler):
         self._copies: list[torch.Tensor] = []
 
     def reducer_override(self, obj: Any) -> Any:
-        import torch
 
         # Stored detached (a Parameter as a plain tensor), as state_dict() gives them.
         if isinstance(obj, torch.Tensor) and (obj.device.type != "cpu" or obj.requires_grad):

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 import accel
-from accel._core import tie_keeping
 from accel.tying import TieReport, count_unique_parameters, find_tied_parameters
+from accel.tying import _keeping as tie_keeping
 from helpers.models import ALL_MODELS, TiedLM, TiesOnTieWeights, UntiesOnPurpose
 
 

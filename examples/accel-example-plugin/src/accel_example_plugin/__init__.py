@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 import accel
-from accel.training.memory import MemoryStats
+from accel.types import MemoryStats
 from accel.training.precision import autocast_to
 
 __all__ = [
