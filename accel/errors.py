@@ -1,17 +1,29 @@
 """The exceptions accel raises.
 
 Every message says what was asked, what was found, and what to do about it.
-`AcceleratorError` is the base, so ``except accel.AcceleratorError`` catches
-everything accel itself raises; each subclass also derives from the built-in
-exception a caller would naturally expect.
+
+The rule (attrs' way): every exception accel raises on purpose is an
+`AcceleratorError` subclass that also derives from the built-in exception a caller
+would naturally catch (``AcceleratorValueError`` is a ``ValueError``), so both
+``except accel.AcceleratorError`` and ``except ValueError`` work. Exceptions that
+accel only lets through (torch's, pluggy's, the OS's, a plugin hook's own) keep their
+type; so do the OS's errors when accel re-raises them with the checkpoint named in
+the message (same ``OSError`` subclass, same ``errno``).
 """
 
 from __future__ import annotations
 
 __all__ = [
     "AcceleratorError",
+    "AcceleratorFileExistsError",
+    "AcceleratorFileNotFoundError",
+    "AcceleratorKeyError",
     "AcceleratorNotFoundError",
+    "AcceleratorOSError",
+    "AcceleratorRuntimeError",
+    "AcceleratorTypeError",
     "AcceleratorUnavailableError",
+    "AcceleratorValueError",
     "PluginError",
     "PluginWarning",
     "TyingWarning",
@@ -21,6 +33,36 @@ __all__ = [
 
 class AcceleratorError(Exception):
     """Base class of every error accel raises on purpose."""
+
+
+class AcceleratorTypeError(AcceleratorError, TypeError):
+    """An argument (or a value a plugin returned) has the wrong type."""
+
+
+class AcceleratorValueError(AcceleratorError, ValueError):
+    """An argument has the right type but a value accel cannot use (also a file that is
+    not a checkpoint, or an environment variable that cannot be read)."""
+
+
+class AcceleratorKeyError(AcceleratorError, KeyError):
+    """A key that was asked for is not there (an entry missing from a checkpoint)."""
+
+
+class AcceleratorRuntimeError(AcceleratorError, RuntimeError):
+    """A call was made where it cannot work (outside the main thread, say)."""
+
+
+class AcceleratorOSError(AcceleratorError, OSError):
+    """A file operation cannot be done as asked; ``errno`` and ``filename`` are set
+    where there is one."""
+
+
+class AcceleratorFileNotFoundError(AcceleratorOSError, FileNotFoundError):
+    """There is no checkpoint at the path given."""
+
+
+class AcceleratorFileExistsError(AcceleratorOSError, FileExistsError):
+    """A path that must be new (a sharded checkpoint's) exists already."""
 
 
 class AcceleratorNotFoundError(AcceleratorError, LookupError):
