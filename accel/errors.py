@@ -130,7 +130,16 @@ class PluginError(AcceleratorError):
 
 
 class PluginWarning(UserWarning):
-    """A plugin could not be loaded; the others keep working."""
+    """Something about the installed plugins, or the variables that choose them, is
+    wrong, and accel carried on without it; the other accelerators keep working.
+
+    Given when a third-party plugin fails to load (it is skipped and listed by
+    ``accel list`` with its error); when ``ACCEL_PLUGINS`` names a plugin that is not
+    installed, or is set together with ``ACCEL_DISABLE_PLUGIN_AUTOLOAD``; when a
+    boolean variable such as ``ACCEL_DISABLE_PLUGIN_AUTOLOAD`` holds a value that is
+    neither true nor false; and when a plugin claims an alias that a built-in or
+    another plugin holds (the alias is kept by the built-in or left to neither).
+    """
 
 
 class TyingWarning(UserWarning):

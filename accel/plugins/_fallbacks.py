@@ -38,10 +38,11 @@ if TYPE_CHECKING:
 
 @hookimpl(trylast=True)
 def is_available(accelerator: str) -> Availability:
-    return Availability(
-        False,
-        reason=f"no plugin answered is_available for {accelerator!r}",
-        remedy="the accelerator's plugin must implement the is_available hook",
+    # A plugin missing a hook it needs is malformed, like the get_device and autocast
+    # fallbacks below say: a PluginError, which the probe reports as the reason.
+    raise PluginError(
+        f"no plugin answered is_available for {accelerator!r}: the accelerator's plugin "
+        f"must implement the is_available hook"
     )
 
 
@@ -149,7 +150,7 @@ def autocast(
     try:
         default = torch.get_autocast_dtype(device.type)
     except RuntimeError:
-        raise AcceleratorValueError(
+        raise PluginError(
             f"torch cannot autocast on device type {device.type!r} (accelerator "
             f"{accelerator!r}); its plugin must implement the autocast hook"
         ) from None
