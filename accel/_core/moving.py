@@ -73,7 +73,7 @@ def _move(
         moved = hooks.model_to_device(model, device, context)
         restore_point.mark_moved()
         if keeps_ties:  # before every post_move_hook: each sees it re-tied
-            finish_kept_move(moved, device, context, stacklevel=_USER_FRAME)
+            finish_kept_move(moved, device, context)
         hooks.post_move_hook(moved, device, context)
         if optimizers:
             follow_moved_parameters(optimizers, restore_point.moved_parameters(), device)
@@ -81,11 +81,6 @@ def _move(
         add_note(exc, _restored_note(device, restore_point.restore()))
         raise
     return moved  # type: ignore[return-value]
-
-
-# finish_kept_move's warnings point at the user's call of model_to_device: frames of
-# finish_kept_move's caller (_move), move_model, Accelerator.model_to_device, the user.
-_USER_FRAME = 5
 
 
 #: What a restore puts back, for the note on a failed move.

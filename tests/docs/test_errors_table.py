@@ -1552,6 +1552,11 @@ def test_bad_input(item: Case, monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.warns(expected) as record:
             item.trigger(monkeypatch)
         texts = [str(w.message) for w in record if issubclass(w.category, expected)]
+        # Every warning accel gives points at the user's line: here, the trigger's.
+        places = {(w.filename, w.lineno) for w in record if issubclass(w.category, expected)}
+        assert {filename for filename, _ in places} == {__file__}, (
+            f"{item.id}: the warning points at {sorted(places)}, not at {__file__}"
+        )
         for fragment in row.fragments:
             assert any(fragment in text for text in texts), (
                 f"{item.id}: no {expected.__name__} says {fragment!r}; got {texts}"
