@@ -88,9 +88,13 @@ def _constructed(module: str, path: Path) -> list[tuple[int, str, type[BaseExcep
         if target is None:
             continue
         obj = _resolve(target, namespace)
-        if isinstance(obj, type) and issubclass(obj, BaseException):
-            if not issubclass(obj, Warning):  # warnings are classes passed, not raised
-                found.append((node.lineno, ast.unparse(target), obj))
+        # Warnings are classes passed to warn_at_caller, not raised.
+        if (
+            isinstance(obj, type)
+            and issubclass(obj, BaseException)
+            and not issubclass(obj, Warning)
+        ):
+            found.append((node.lineno, ast.unparse(target), obj))
     return found
 
 
@@ -136,4 +140,8 @@ def test_each_class_is_both_accels_and_the_builtin(
 def test_an_os_error_keeps_errno_and_filename() -> None:
     error = accel.AcceleratorFileNotFoundError(2, "load: there is no checkpoint", "a.pt")
     assert type(error) is accel.AcceleratorFileNotFoundError
-    assert (error.errno, error.filename, error.strerror) == (2, "a.pt", "load: there is no checkpoint")
+    assert (error.errno, error.filename, error.strerror) == (
+        2,
+        "a.pt",
+        "load: there is no checkpoint",
+    )
