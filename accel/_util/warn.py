@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 import warnings
@@ -13,7 +14,7 @@ import pluggy
 # contextlib runs a context manager's exit), never the line a user wrote.
 _INSIDE = tuple(
     os.path.dirname(os.path.abspath(path)) + os.sep
-    for path in (os.path.dirname(os.path.abspath(__file__)), pluggy.__file__)
+    for path in (os.path.dirname(os.path.abspath(__file__)), inspect.getfile(pluggy.PluginManager))
 )
 _CONTEXTLIB = os.path.abspath(contextlib.__file__)
 
