@@ -13,6 +13,7 @@ from torch import nn
 from accel._core.hooks import AcceleratorHooks
 from accel._core.moving import move_model
 from accel._util.notes import add_note
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
 from accel.training.checkpoint import checked_path, checked_state, restore_into, storable
 from accel.training.device_loader import DeviceLoader
 from accel.training.precision import full_precision, requested_dtype
@@ -106,7 +107,9 @@ class Accelerator:
         :raises accel.AcceleratorUnavailableError: ``index`` is beyond :meth:`device_count`.
         """
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise ValueError(f"for_index expects a device index (an int >= 0), got {index!r}")
+            raise AcceleratorValueError(
+                f"for_index expects a device index (an int >= 0), got {index!r}"
+            )
         device = self._hooks.device(index, requested=f"{self.name}:{index}")
         return Accelerator(
             self._hooks, self.spec, index=index, device=device, tie_check=self._tie_check
@@ -259,7 +262,7 @@ class Accelerator:
         :raises TypeError: ``model`` is neither a module nor a callable.
         """
         if not callable(model):
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"compile expects a torch.nn.Module or a function, got {type(model).__name__}"
             )
         backend = options.pop("backend", None)
@@ -304,7 +307,9 @@ class Accelerator:
         """
         chosen = requested_dtype(dtype)
         if not isinstance(enabled, bool):
-            raise TypeError(f"autocast(enabled=...) expects a bool, got {type(enabled).__name__}")
+            raise AcceleratorTypeError(
+                f"autocast(enabled=...) expects a bool, got {type(enabled).__name__}"
+            )
         if not enabled or chosen is torch.float32:
             return full_precision(self.device)
         return self._hooks.autocast(self.device, chosen)
@@ -337,7 +342,7 @@ class Accelerator:
         compiled model (:meth:`compile`), the plain model's keys.
         """
         if not isinstance(model, nn.Module):
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"state_dict expects a torch.nn.Module, got {type(model).__name__}; use "
                 f"save() for other objects"
             )
@@ -417,7 +422,7 @@ class Accelerator:
             device type.
         """
         if not isinstance(state, Mapping):
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"set_rng_state expects the dict acc.rng_state() returned, got "
                 f"{type(state).__name__}"
             )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple, final
 
@@ -24,6 +23,7 @@ from accel._registry.dispatch import Dispatcher
 from accel._registry.loading import EntryPointLoader
 from accel._registry.selection import Selector
 from accel._util.names import PLUGINS_ENV
+from accel._util.warn import warn_at_caller
 from accel.errors import PluginError, PluginWarning
 from accel.markers import PROJECT_NAME
 from accel.types import AcceleratorInfo, AcceleratorSpec, PluginFailure, TieCheck
@@ -291,27 +291,25 @@ def _warn_builtin_aliases(
         holders.setdefault(conflict.name, []).append(repr(conflict.holder.spec.name))
     for name, held_by in holders.items():
         claimant = next(s.name for s in specs if name in s.aliases)
-        warnings.warn(
+        warn_at_caller(
             f"accel plugin {label!r} from {provider} declares the alias {name!r} for "
             f"{claimant!r}, but the built-in {' and '.join(held_by)} has that alias; the "
             f"built-in keeps it, and {claimant!r} is registered without it (select it as "
             f"{claimant!r}). Ask the plugin's authors to drop the alias.",
             PluginWarning,
-            stacklevel=2,
         )
 
 
 def _warn_disputed_alias(
     conflict: Conflict, specs: list[AcceleratorSpec], label: str, provider: str
 ) -> None:
-    warnings.warn(
+    warn_at_caller(
         f"accel plugin {label!r} from {provider} declares the alias {conflict.name!r} for "
         f"{_claimant(conflict, specs)!r}, but {conflict.holder.spec.name!r} from "
         f"{conflict.holder.provider} has it too; the alias now selects neither (selecting "
         f"it raises PluginError naming both), while their own names still work. Uninstall "
         f"one of them, or load only one with {PLUGINS_ENV}=DISTRIBUTION.",
         PluginWarning,
-        stacklevel=2,
     )
 
 

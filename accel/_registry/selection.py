@@ -28,7 +28,11 @@ from accel._util.names import (
     parse_accelerator_name,
 )
 from accel.accelerator import Accelerator
-from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError
+from accel.errors import (
+    AcceleratorNotFoundError,
+    AcceleratorUnavailableError,
+    AcceleratorValueError,
+)
 from accel.types import AcceleratorInfo, Availability, PluginFailure, TieCheck, checked_tie_check
 
 __all__ = ["Selector"]
@@ -74,11 +78,11 @@ class Selector:
             base, index = parse_accelerator_name(name)
         except ValueError as exc:
             if source:
-                raise ValueError(f"{exc} (read from ${ACCELERATOR_ENV})") from None
+                raise AcceleratorValueError(f"{exc} (read from ${ACCELERATOR_ENV})") from None
             raise
         if base == AUTO:
             if index is not None:
-                raise ValueError(
+                raise AcceleratorValueError(
                     f"'auto' takes no device index (got {name!r}{source}); ask for a named "
                     f"accelerator such as 'cuda:{index}' instead"
                 )

@@ -38,6 +38,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 from accel._util.files import fsync_directory, process_alive
 from accel.distributed._spmd_checkpoint import is_spmd, spmd_entry, spmd_load, spmd_save_planner
+from accel.errors import (
+    AcceleratorFileExistsError,
+    AcceleratorFileNotFoundError,
+    AcceleratorTypeError,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -65,7 +70,7 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     spmd = is_spmd()
     _, app_state = _app_state(state, "save_sharded", spmd)
     if target.exists():
-        raise FileExistsError(
+        raise AcceleratorFileExistsError(
             17,
             f"save_sharded: {str(target)!r} exists already; a sharded checkpoint is written "
             f"once, so save each one to a new path (checkpoint_path(directory, step))",
@@ -110,7 +115,7 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
 
     target = Path(os.fspath(path))
     if not (target / ".metadata").is_file():
-        raise FileNotFoundError(
+        raise AcceleratorFileNotFoundError(
             2,
             f"load_sharded: there is no sharded checkpoint at {str(target)!r} (no "
             f".metadata); check the path, or find the newest with latest_checkpoint()",
@@ -157,10 +162,12 @@ def _app_state(
     state: Mapping[str, Any], caller: str, spmd: bool
 ) -> tuple[nn.Module, dict[str, Any]]:
     if not isinstance(state, Mapping):
-        raise TypeError(f"{caller} expects a dict of the run's objects, got {type(state).__name__}")
+        raise AcceleratorTypeError(
+            f"{caller} expects a dict of the run's objects, got {type(state).__name__}"
+        )
     modules = [key for key, value in state.items() if isinstance(value, nn.Module)]
     if len(modules) != 1:
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"{caller} expects exactly one module in state (the optimizers' model), got "
             f"{len(modules)}: {modules}; save other models in checkpoints of their own"
         )

@@ -9,7 +9,7 @@ from accel import Accelerator
 from accel._util.notes import add_note
 from accel.distributed._backends import device_backends
 from accel.distributed._errors import DistributedSetupError
-from accel.errors import AcceleratorError
+from accel.errors import AcceleratorError, AcceleratorTypeError
 
 if TYPE_CHECKING:
     from accel.accelerator import Accelerator
@@ -102,7 +102,7 @@ def resolve_accelerator(
     if isinstance(accelerator, Accelerator):
         return accelerator
     if accelerator is not None and not isinstance(accelerator, str):
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"accelerator must be an accel.Accelerator, a name such as 'cuda', or None, "
             f"got {type(accelerator).__name__}: {accelerator!r}"
         )

@@ -18,6 +18,7 @@ from accel.distributed._backends import device_backends, group_backend, memory_s
 from accel.distributed._devices import local_accelerator
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._launchers import LaunchEnvironment, read_launch_environment
+from accel.errors import AcceleratorValueError
 
 if TYPE_CHECKING:
     import torch
@@ -130,7 +131,7 @@ def _as_timedelta(timeout: datetime.timedelta | float | None) -> datetime.timede
     if timeout is None or isinstance(timeout, datetime.timedelta):
         return timeout
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"timeout must be a positive number of seconds or a datetime.timedelta, got {timeout!r}"
         )
     return datetime.timedelta(seconds=timeout)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from accel.distributed._devices import resolve_accelerator
 from accel.distributed._errors import DistributedSetupError
+from accel.errors import AcceleratorValueError
 from accel.training.nested import tensors_in
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ def shard_batch(batch: Any, context: SpmdContext | None = None) -> Any:
         if tensor.dim() == 0:
             continue  # a scalar (a step count, a scale) stays replicated
         if tensor.shape[0] % context.num_devices:
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"shard_batch splits every tensor's first dimension over "
                 f"{context.num_devices} devices, but a tensor of shape {tuple(tensor.shape)} "
                 f"does not divide evenly; use a batch size divisible by {context.num_devices}"

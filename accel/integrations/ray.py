@@ -196,7 +196,7 @@ def prepare_data_loader(
     :raises TypeError: ``loader`` is not a ``torch.utils.data.DataLoader``.
     """
     if not isinstance(loader, DataLoader):
-        raise TypeError(
+        raise accel.AcceleratorTypeError(
             f"prepare_data_loader expects a torch.utils.data.DataLoader, got "
             f"{type(loader).__name__}; build one over your dataset, or move the batches "
             f"yourself with acc.batch_to_device"
@@ -205,7 +205,7 @@ def prepare_data_loader(
     if add_dist_sampler and not isinstance(
         loader.sampler, (SequentialSampler, RandomSampler, DistributedSampler)
     ):
-        raise ValueError(
+        raise accel.AcceleratorValueError(
             f"prepare_data_loader would replace the loader's {type(loader.sampler).__name__} "
             f"with a DistributedSampler when there are several workers; shard the data in "
             f"your sampler and pass add_dist_sampler=False, or build the loader with "
@@ -251,7 +251,7 @@ def _resolve(
     if isinstance(accelerator, accel.Accelerator):
         return accelerator
     if accelerator is not None and not isinstance(accelerator, str):
-        raise TypeError(
+        raise accel.AcceleratorTypeError(
             f"accelerator must be an accel.Accelerator, a name such as 'cuda', or None, "
             f"got {type(accelerator).__name__}: {accelerator!r}"
         )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accel.errors import PluginError
+from accel.errors import AcceleratorValueError, PluginError
 from accel.markers import hookimpl
 from accel.training.batch import move_batch
 from accel.training.checkpoint import cpu_state_dict, load_checkpoint, save_on_main_process
@@ -38,10 +38,11 @@ if TYPE_CHECKING:
 
 @hookimpl(trylast=True)
 def is_available(accelerator: str) -> Availability:
-    return Availability(
-        False,
-        reason=f"no plugin answered is_available for {accelerator!r}",
-        remedy="the accelerator's plugin must implement the is_available hook",
+    # A plugin missing a hook it needs is malformed, like the get_device and autocast
+    # fallbacks below say: a PluginError, which the probe reports as the reason.
+    raise PluginError(
+        f"no plugin answered is_available for {accelerator!r}: the accelerator's plugin "
+        f"must implement the is_available hook"
     )
 
 
@@ -149,7 +150,7 @@ def autocast(
     try:
         default = torch.get_autocast_dtype(device.type)
     except RuntimeError:
-        raise ValueError(
+        raise PluginError(
             f"torch cannot autocast on device type {device.type!r} (accelerator "
             f"{accelerator!r}); its plugin must implement the autocast hook"
         ) from None
@@ -214,7 +215,7 @@ def rng_state(device: torch.device) -> Any:
 def set_rng_state(accelerator: str, state: Any, device: torch.device) -> bool:
     if not isinstance(state, dict) or state.get("type") != device.type:
         found = state.get("type") if isinstance(state, dict) else type(state).__name__
-        raise ValueError(
+        raise AcceleratorValueError(
             f"set_rng_state: the device generator state is from {found!r}, but accelerator "
             f"{accelerator!r} runs on {device.type!r}; resume on the accelerator that "
             f"saved it, or leave the 'device' entry out (the device draws then differ)"

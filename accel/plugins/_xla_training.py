@@ -21,6 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from accel._util.notes import add_note
+from accel.errors import AcceleratorOSError, AcceleratorValueError
 from accel.markers import hookimpl
 from accel.plugins._xla_gradients import note_reduced, reduce_for_clipping, reduce_for_step
 from accel.training.atomic import atomic_save
@@ -156,7 +157,7 @@ class XlaTrainingHooks:
             raise failure
         told = [bytes(outcome).decode() for outcome in outcomes if outcome]
         if told:
-            raise OSError(
+            raise AcceleratorOSError(
                 f"save: the master ordinal could not write the checkpoint {str(path)!r}: {told[0]}"
             )
         return True
@@ -174,7 +175,7 @@ class XlaTrainingHooks:
 
         if not isinstance(state, dict) or state.get("type") != "xla" or "seed" not in state:
             found = state.get("type") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"set_rng_state: the device generator state is from {found!r}, but "
                 f"accelerator {accelerator!r} runs on XLA; resume on the accelerator that "
                 f"saved it, or leave the 'device' entry out (the device draws then differ)"

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Final, final
 import torch
 import torch.distributed as dist
 
+from accel.errors import AcceleratorRuntimeError
+
 if TYPE_CHECKING:
     import torch
 
@@ -65,7 +67,7 @@ class PreemptionGuard:
 
     def __enter__(self) -> PreemptionGuard:
         if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError(
+            raise AcceleratorRuntimeError(
                 "preemption_guard() must be entered in the main thread: Python delivers "
                 "signals there only; enter it around the training loop in the main thread"
             )

@@ -13,9 +13,9 @@ what a move needs around it: hollowing out the duplicate slots, and the outcome 
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Final, Literal
 
+from accel._util.warn import warn_at_caller
 from accel.errors import TyingWarning, WeightTyingError
 from accel.tying import TieReport, TyingSnapshot, empty_duplicate_slots, format_tie_failure
 
@@ -46,14 +46,10 @@ def begin_kept_move(model: nn.Module, context: MoveContext) -> None:
     empty_duplicate_slots(list(snapshot.groups))
 
 
-def finish_kept_move(
-    model: nn.Module, device: torch.device, context: MoveContext, *, stacklevel: int = 3
-) -> None:
+def finish_kept_move(model: nn.Module, device: torch.device, context: MoveContext) -> None:
     """After the move: re-tie, run the model's ``tie_weights()``, keep the ties the
     model had before the move, and report by ``context.tie_check`` (see :func:`outcome`).
-
-    :param stacklevel: of a :class:`TyingWarning`, passed to :func:`warnings.warn`
-        (1 is this function).
+    A :class:`TyingWarning` points at the user's line, however deep the call.
     """
     snapshot: TyingSnapshot | None = context.notes.pop(_NOTES_KEY, None)
     if snapshot is None:
@@ -64,7 +60,7 @@ def finish_kept_move(
         return
     if what == "warn":
         message = format_tie_failure(report, device, raised=False)
-        warnings.warn(message, TyingWarning, stacklevel=stacklevel)
+        warn_at_caller(message, TyingWarning)
         return
     raise WeightTyingError(
         format_tie_failure(report, device),
