@@ -111,12 +111,15 @@ class AcceleratorRegistry:
     # -- queries -------------------------------------------------------------------
 
     def get_accelerator(
-        self, name: str | None = None, *, tie_check: TieCheck = "error"
+        self, name: str | Accelerator | None = None, *, tie_check: TieCheck = "error"
     ) -> Accelerator:
         """Return a handle to the accelerator called ``name``.
 
         :param name: a name or alias, optionally with a device index (``"cuda:1"``),
-            or ``"auto"``. ``None`` means ``$ACCEL_ACCELERATOR``, else ``"auto"``.
+            or ``"auto"``. ``None`` means ``$ACCEL_ACCELERATOR``, else ``"auto"``. A
+            handle of this registry's is returned as it is (so every API that takes
+            "a handle or a name" with ``registry=`` follows one rule); a handle of
+            another registry is an :class:`AcceleratorValueError`.
             ``"auto"`` picks the available accelerator with the highest priority
             (ties broken by canonical name) that allows being picked automatically.
         :param tie_check: what a move does when the model's ties changed during it:

@@ -70,9 +70,11 @@ class Selector:
         self._failures = failures
         self._lock = lock
 
-    def select(self, name: str | None, tie_check: TieCheck) -> Accelerator:
+    def select(self, name: str | Accelerator | None, tie_check: TieCheck) -> Accelerator:
         """The handle for ``name`` (see :meth:`accel.AcceleratorRegistry.get_accelerator`)."""
         checked_tie_check(tie_check)
+        if isinstance(name, Accelerator):
+            return self._own(name)
         name, source = name_from_environment(name)
         try:
             base, index = parse_accelerator_name(name)
@@ -91,6 +93,17 @@ class Selector:
         device = entry.hooks.device(index, requested=name, source=source)
         return Accelerator(
             entry.hooks, entry.registration.spec, index=index, device=device, tie_check=tie_check
+        )
+
+    def _own(self, handle: Accelerator) -> Accelerator:
+        """``handle`` itself, if it is one of this registry's; the one rule every
+        "a handle or a name" argument in accel follows."""
+        if self._dispatcher.owns(handle._hooks):
+            return handle
+        raise AcceleratorValueError(
+            f"the accelerator handle {handle!r} belongs to another registry than the one "
+            f"asked (registry=): pass the handle without a registry, or its name "
+            f"({handle.name!r}) to this registry"
         )
 
     # -- snapshots: read under the lock, probed outside it ----------------------------

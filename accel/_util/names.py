@@ -79,8 +79,8 @@ def parse_accelerator_name(name: object) -> tuple[str, int | None]:
     """Split ``"cuda:1"`` into ``("cuda", 1)``; normalise case and whitespace."""
     if not isinstance(name, str):
         raise AcceleratorTypeError(
-            f"accelerator name must be a str such as 'cpu', 'cuda:1' or 'auto', "
-            f"got {type(name).__name__}: {name!r}"
+            f"accelerator must be a name (a str such as 'cpu', 'cuda:1' or 'auto') or an "
+            f"accel.Accelerator handle, got {type(name).__name__}: {name!r}"
         )
     text = name.strip().lower()
     if not normalize_name(text):

@@ -18,6 +18,7 @@ from accel.distributed._backends import device_backends, group_backend, memory_s
 from accel.distributed._devices import local_accelerator
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._launchers import LaunchEnvironment, read_launch_environment
+from accel.distributed._xla_group import start_xla_group
 from accel.errors import AcceleratorValueError
 
 if TYPE_CHECKING:
@@ -118,8 +119,6 @@ def init_process_group(
             return _existing_context(acc, backend, environment)
         _active = None
         if backend == "xla":
-            from accel.distributed._xla_group import start_xla_group
-
             start_xla_group(environment, timeout_delta)
         else:
             _start_group(acc, environment, timeout_delta)

@@ -259,21 +259,11 @@ def as_lightning_accelerator(
 def _select(
     accelerator: str | accel.Accelerator | None, registry: accel.AcceleratorRegistry | None
 ) -> accel.Accelerator:
-    if isinstance(accelerator, accel.Accelerator):
-        if registry is not None:
-            raise AcceleratorTypeError(
-                "registry= selects an accelerator by name; an accel.Accelerator handle "
-                "already belongs to its registry: pass one or the other"
-            )
-        return accelerator
-    if accelerator is not None and not isinstance(accelerator, str):
-        raise AcceleratorTypeError(
-            "AccelAccelerator expects an accel accelerator name, an accel.Accelerator "
-            f"or None, got {type(accelerator).__name__}"
-        )
-    if registry is None:
-        return accel.get_accelerator(accelerator)
-    return registry.get_accelerator(accelerator)
+    # The registry's one rule for "a handle or a name" (a handle with registry= must be
+    # that registry's), as everywhere in accel.
+    if registry is not None:
+        return registry.get_accelerator(accelerator)
+    return accel.get_accelerator(accelerator)
 
 
 def _unpickle(name: str, tie_check: accel.TieCheck) -> AccelAccelerator:

@@ -248,14 +248,11 @@ def worker_accelerator(
 def _resolve(
     accelerator: accel.Accelerator | str | None, registry: accel.AcceleratorRegistry | None
 ) -> accel.Accelerator:
-    if isinstance(accelerator, accel.Accelerator):
-        return accelerator
-    if accelerator is not None and not isinstance(accelerator, str):
-        raise accel.AcceleratorTypeError(
-            f"accelerator must be an accel.Accelerator, a name such as 'cuda', or None, "
-            f"got {type(accelerator).__name__}: {accelerator!r}"
-        )
-    return (registry or accel.default_registry()).get_accelerator(accelerator)
+    # The registry's one rule for "a handle or a name" (a handle with registry= must be
+    # that registry's), as everywhere in accel.
+    if registry is not None:
+        return registry.get_accelerator(accelerator)
+    return accel.get_accelerator(accelerator)
 
 
 def _check_ray_can_start(backend: str, name: str) -> None:

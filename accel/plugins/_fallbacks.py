@@ -27,7 +27,7 @@ from accel.training.device_loader import MovingLoader
 from accel.training.memory import unknown
 from accel.training.precision import autocast_to
 from accel.training.rng import device_generators_of
-from accel.training.step import clip_grad_norm, gradient_sync_paused
+from accel.training.step import clip_grad_norm, gradient_sync_paused, scaled_step
 from accel.types import Availability, MemoryStats
 
 if TYPE_CHECKING:
@@ -91,8 +91,6 @@ def optimizer_step(
     scaler: torch.amp.GradScaler | None,
 ) -> Any:
     if scaler is not None:
-        from accel.training.step import scaled_step
-
         return scaled_step(optimizer, scaler, closure)
     return optimizer.step() if closure is None else optimizer.step(closure)
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, final
 
 import torch
+from torch.utils.data import default_collate
 
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
@@ -159,8 +160,6 @@ class BucketCollate:
     def __call__(self, samples: list[Any]) -> Any:
         collate = self.collate_fn
         if collate is None:
-            from torch.utils.data import default_collate
-
             collate = default_collate
         return pad_to_bucket(collate(samples), self.sizes, self.pad_values, dim=self.dim)
 

@@ -27,6 +27,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+import torch
+
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
 __all__ = ["map_nested", "tensors_in"]
@@ -53,8 +55,6 @@ def map_nested(
     :raises TypeError: a container's type cannot be rebuilt from its items.
     """
     if leaf_type is None:
-        import torch
-
         leaf_type = torch.Tensor
     walker = _Walker(convert, leaf_type, what)
     try:

@@ -275,6 +275,12 @@ def _name_int(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator(0)  # type: ignore[arg-type]
 
 
+@case("handle-of-another-registry", accel.AcceleratorValueError)
+def _handle_of_another_registry(mp: pytest.MonkeyPatch) -> object:
+    handle = isolated_registry().get_accelerator("cpu")
+    return isolated_registry().get_accelerator(handle)
+
+
 @case("name-bytes", accel.AcceleratorTypeError)
 def _name_bytes(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator(b"cpu")  # type: ignore[arg-type]
