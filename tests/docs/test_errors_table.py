@@ -32,6 +32,7 @@ import accel.distributed
 import accel.distributed._launchers as launchers
 from accel.distributed import DistributedSetupError
 from accel.plugins import tpu
+from helpers.fake_torch_xla import pretend_torch_xla
 from helpers.fakes import MetaTpuPlugin
 from helpers.installing import write_distribution
 from helpers.models import TiedLM, UntiesOnPurpose
@@ -195,31 +196,8 @@ def _broken_entry_point() -> importlib.metadata.EntryPoint:
     )
 
 
-class _BrokenTorchXla:
-    """A meta-path finder failing like a torch_xla built for another torch."""
-
-    def find_spec(self, name: str, *args: Any) -> None:
-        if name == "torch_xla" or name.startswith("torch_xla."):
-            raise ImportError("_XLAC.so: undefined symbol: _ZN5torch8autograd")
-
-
 def _torch_xla(monkeypatch: pytest.MonkeyPatch, *, installed: bool, pjrt: str | None) -> None:
-    """Pretend torch_xla is (not) installed, with importing it failing, and no TPU here."""
-    real_find_spec = importlib.util.find_spec
-
-    def find_spec(name: str, *args: Any) -> Any:
-        if name == "torch_xla":
-            return importlib.machinery.ModuleSpec("torch_xla", None) if installed else None
-        return real_find_spec(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    monkeypatch.delitem(sys.modules, "torch_xla", raising=False)
-    monkeypatch.setattr(sys, "meta_path", [_BrokenTorchXla(), *sys.meta_path])
-    monkeypatch.setattr(tpu, "tpu_hardware_present", lambda: False)
-    if pjrt is None:
-        monkeypatch.delenv("PJRT_DEVICE", raising=False)
-    else:
-        monkeypatch.setenv("PJRT_DEVICE", pjrt)
+    pretend_torch_xla(monkeypatch, installed=installed, pjrt=pjrt)
 
 
 def _listed(registry: accel.AcceleratorRegistry, name: str) -> accel.AcceleratorInfo:

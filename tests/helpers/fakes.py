@@ -10,11 +10,11 @@ import accel
 from accel.plugins.tpu import TpuPlugin
 
 
-class MetaTpuPlugin(TpuPlugin):
-    """The real TPU plugin (same tying hooks), but available and moving to `meta`.
+class Available:
+    """Put first among a plugin's bases: its accelerator is available (by name, not to
+    ``"auto"``) with ``count`` devices, whatever the machine has."""
 
-    `module.to("meta")` builds a new Parameter per slot exactly like a move to XLA.
-    """
+    count = 1
 
     @accel.hookimpl
     def is_available(self) -> accel.Availability:
@@ -22,7 +22,14 @@ class MetaTpuPlugin(TpuPlugin):
 
     @accel.hookimpl
     def device_count(self) -> int:
-        return 1
+        return self.count
+
+
+class MetaTpuPlugin(Available, TpuPlugin):
+    """The real TPU plugin (same tying hooks), but available and moving to `meta`.
+
+    `module.to("meta")` builds a new Parameter per slot exactly like a move to XLA.
+    """
 
     @accel.hookimpl
     def get_device(self) -> torch.device:

@@ -11,9 +11,10 @@ from typing import Any, ClassVar
 import torch
 
 import accel
+from helpers.fakes import Available
 
 
-class VendorPlugin:
+class VendorPlugin(Available):
     """Accelerator ``vendornpu``: two devices (backed by host memory), moves and step
     boundaries recorded, memory statistics of its own."""
 
@@ -31,14 +32,6 @@ class VendorPlugin:
     @accel.hookimpl
     def register_accelerators(self) -> list[accel.AcceleratorSpec]:
         return [accel.AcceleratorSpec(self.NAME, aliases=("vnpu",), priority=10)]
-
-    @accel.hookimpl
-    def is_available(self) -> accel.Availability:
-        return accel.Availability(True, auto=False)
-
-    @accel.hookimpl
-    def device_count(self) -> int:
-        return self.count
 
     @accel.hookimpl
     def get_device(self, index: int | None) -> torch.device:
