@@ -45,7 +45,27 @@ class CpuTpuPlugin(MetaTpuPlugin):
         return torch.device("cpu")
 
 
-class FakeAccelerator:
+class RecordsMoves:
+    """Put among a plugin's bases: each move's hooks and each batch move are appended to
+    ``self.calls``; batches are then moved by accel's built-in mover."""
+
+    calls: list[str]
+
+    @accel.hookimpl
+    def pre_move_hook(self) -> None:
+        self.calls.append("pre_move_hook")
+
+    @accel.hookimpl
+    def post_move_hook(self) -> None:
+        self.calls.append("post_move_hook")
+
+    @accel.hookimpl
+    def batch_to_device(self, batch: Any) -> Any:
+        self.calls.append("batch_to_device")
+        return None  # fall through to the built-in mover
+
+
+class FakeAccelerator(RecordsMoves):
     """A configurable accelerator plugin that records the hooks it sees."""
 
     def __init__(
@@ -81,19 +101,6 @@ class FakeAccelerator:
     @accel.hookimpl
     def get_device(self, index: int | None) -> torch.device:
         return torch.device(self.device)
-
-    @accel.hookimpl
-    def pre_move_hook(self) -> None:
-        self.calls.append("pre_move_hook")
-
-    @accel.hookimpl
-    def post_move_hook(self) -> None:
-        self.calls.append("post_move_hook")
-
-    @accel.hookimpl
-    def batch_to_device(self, batch: Any) -> Any:
-        self.calls.append("batch_to_device")
-        return None  # fall through to the built-in mover
 
 
 class MoveRecorder:

@@ -6,15 +6,15 @@ plugin reaches Lightning users through accel.integrations.lightning alone.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 import accel
-from helpers.fakes import Available
+from helpers.fakes import Available, RecordsMoves
 
 
-class VendorPlugin(Available):
+class VendorPlugin(Available, RecordsMoves):
     """Accelerator ``vendornpu``: two devices (backed by host memory), moves and step
     boundaries recorded, memory statistics of its own."""
 
@@ -36,19 +36,6 @@ class VendorPlugin(Available):
     @accel.hookimpl
     def get_device(self, index: int | None) -> torch.device:
         return torch.device("cpu")
-
-    @accel.hookimpl
-    def pre_move_hook(self) -> None:
-        self.calls.append("pre_move_hook")
-
-    @accel.hookimpl
-    def post_move_hook(self) -> None:
-        self.calls.append("post_move_hook")
-
-    @accel.hookimpl
-    def batch_to_device(self, batch: Any) -> Any:
-        self.calls.append("batch_to_device")
-        return None  # the built-in mover does the moving
 
     @accel.hookimpl
     def mark_step(self) -> None:
