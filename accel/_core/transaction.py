@@ -250,7 +250,6 @@ def _as_plain_tensor(data: torch.Tensor) -> torch.Tensor:
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-
     # data_ptr() alone is not enough: it is 0 for every XLA and meta tensor.
     return (
         a.device == b.device

@@ -55,7 +55,6 @@ def device_count(accelerator: str) -> int:
 
 @hookimpl(trylast=True)
 def get_device(accelerator: str, index: int | None) -> torch.device:
-
     # Out-of-tree backends register their device type under their own name.
     try:
         return torch.device(accelerator, 0 if index is None else index)

@@ -139,7 +139,6 @@ class _CpuPickler(pickle.Pickler):
         self._copies: list[torch.Tensor] = []
 
     def reducer_override(self, obj: Any) -> Any:
-
         # Stored detached (a Parameter as a plain tensor), as state_dict() gives them.
         if isinstance(obj, torch.Tensor) and (obj.device.type != "cpu" or obj.requires_grad):
             copy = obj.detach().to("cpu")

@@ -215,7 +215,6 @@ def restore_into(stored: Any, state: Any, path: str) -> dict[str, Any]:
 
 
 def _target(value: Any) -> Any:
-
     # A compiled model's own state_dict() prefixes every key with "_orig_mod."; the
     # checkpoint (acc.state_dict) has the plain model's keys.
     return unwrap_compiled(value) if isinstance(value, nn.Module) else value

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 
@@ -45,19 +45,16 @@ def autocast_to(
     return torch_autocast(accelerator, device, chosen)
 
 
+#: The two 16-bit floating-point types autocast runs in.
+HALVES: Final = (torch.bfloat16, torch.float16)
+
+
 def bfloat16_autocast(
     accelerator: str, device: torch.device, dtype: torch.dtype | None
 ) -> AbstractContextManager[Any]:
     """:func:`autocast_to` for devices that prefer bfloat16 and take float16 too (the
     CPU and TPUs)."""
-
-    return autocast_to(
-        accelerator,
-        device,
-        dtype,
-        default=torch.bfloat16,
-        supported=(torch.bfloat16, torch.float16),
-    )
+    return autocast_to(accelerator, device, dtype, default=torch.bfloat16, supported=HALVES)
 
 
 def checked_autocast_dtype(
