@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar, final
 
 import torch
 from torch import nn
@@ -38,6 +38,17 @@ FALLBACKS_NAME: Final = "accel.fallbacks"
 _T = TypeVar("_T")
 
 
+class _Listed(NamedTuple):
+    """A hook's implementations, as pluggy lists them."""
+
+    #: In pluggy's call order: last registered first, ``tryfirst``/``trylast`` honoured.
+    call_order: tuple[pluggy.HookImpl, ...]
+    #: A wrapper is among them: pluggy must run the call.
+    has_wrapper: bool
+    #: accel's fallback is the only one: the handle's calls skip pluggy's loop.
+    fallback_only: bool
+
+
 @final
 class AcceleratorHooks:
     """The hooks of one accelerator, as its handle calls them."""
@@ -49,8 +60,7 @@ class AcceleratorHooks:
         self.name = name
         self._manager = manager
         self._providers = providers  # plugin name -> provider, shared with the dispatcher
-        # hook name -> (its implementations in pluggy's call order, only accel's fallback?)
-        self._implementations: dict[str, tuple[list[pluggy.HookImpl], bool]] = {}
+        self._implementations: dict[str, _Listed] = {}
         self._alive = True
 
     # -- probing ------------------------------------------------------------------
@@ -128,6 +138,9 @@ class AcceleratorHooks:
         self._each("post_move_hook", model=model, device=device, context=context)
 
     def batch_to_device(self, batch: Any, device: torch.device) -> Any:
+        listed = self._listed("batch_to_device")
+        if listed.fallback_only:  # every step of every loop: not even _first's frame
+            return listed.call_order[0].function(batch=batch, device=device)
         return self._first("batch_to_device", batch=batch, device=device)[0]
 
     # -- the training step --------------------------------------------------------
@@ -244,7 +257,7 @@ class AcceleratorHooks:
     def marks_steps(self) -> bool:
         """Whether a plugin implements ``mark_step``: the device runs a lazy graph (XLA)
         that a save must cut first, so that tensors cross as data."""
-        return not self._listed("mark_step")[1]
+        return not self._listed("mark_step").fallback_only
 
     def describe(self, plugin_name: str | None, hook_name: str) -> str:
         """Name the plugin that answered ``hook_name`` (``None``: not known, so every
@@ -274,7 +287,7 @@ class AcceleratorHooks:
         one place the handle's calls skip pluggy's machinery (a few µs a call, which
         adds up over a training loop's small steps).
         """
-        if self._listed(hook_name)[1]:  # accel's fallback alone
+        if self._listed(hook_name).fallback_only:
             return self._first(hook_name, **kwargs)[0]
         caller = self._caller(hook_name)
         try:
@@ -290,13 +303,13 @@ class AcceleratorHooks:
         and ``trylast`` honoured). With a wrapper among them pluggy runs the call, and
         who answered is not known (``None``).
         """
-        implementations, _ = self._listed(hook_name)
-        if any(impl.wrapper or impl.hookwrapper for impl in implementations):
+        listed = self._listed(hook_name)
+        if listed.has_wrapper:
             return self._each(hook_name, **kwargs), None
-        arguments = {"accelerator": self.name, **kwargs}
-        for impl in reversed(implementations):
+        kwargs["accelerator"] = self.name  # a dict of this call's own
+        for impl in listed.call_order:
             try:
-                result = impl.function(*(arguments[name] for name in impl.argnames))
+                result = impl.function(*[kwargs[name] for name in impl.argnames])
             except Exception as exc:
                 note_culprit(
                     exc, self._caller(hook_name), hook_name, self.provider_of, culprit=impl
@@ -325,14 +338,17 @@ class AcceleratorHooks:
     def _bad(self, hook_name: str, problem: str, who: str | None) -> Exception:
         return _bad_result_error(hook_name, self.name, problem, self.describe(who, hook_name))
 
-    def _listed(self, hook_name: str) -> tuple[list[pluggy.HookImpl], bool]:
-        """The hook's implementations (pluggy's public ``get_hookimpls()``, cached until
-        a plugin is added or removed) and whether accel's fallback is the only one."""
+    def _listed(self, hook_name: str) -> _Listed:
+        """What pluggy's public ``get_hookimpls()`` says of the hook, cached until a
+        plugin is added or removed (the dispatcher keeps the cache in step)."""
         listed = self._implementations.get(hook_name)
         if listed is None:
             implementations = self._caller(hook_name).get_hookimpls()
-            fallback_only = all(impl.plugin_name == FALLBACKS_NAME for impl in implementations)
-            listed = self._implementations[hook_name] = (implementations, fallback_only)
+            listed = self._implementations[hook_name] = _Listed(
+                call_order=tuple(reversed(implementations)),
+                has_wrapper=any(impl.wrapper or impl.hookwrapper for impl in implementations),
+                fallback_only=all(impl.plugin_name == FALLBACKS_NAME for impl in implementations),
+            )
         return listed
 
     def _caller(self, hook_name: str) -> Any:
