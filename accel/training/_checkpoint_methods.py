@@ -89,7 +89,7 @@ class CheckpointMethods(TrainingStepMethods):
         groups and parameter-shaped state are all checked first.
 
         :raises FileNotFoundError: no file at ``path``.
-        :raises KeyError: a key of ``state`` with ``load_state_dict`` is not in the file.
+        :raises KeyError: a key of ``state`` is not in the file (plain values too).
         :raises ValueError: the file is not a checkpoint, or a module's parameters differ
             in name or shape, or an optimizer's parameter groups (named).
         :raises pickle.UnpicklingError: the file holds objects ``weights_only`` refuses.
