@@ -126,6 +126,19 @@ class AcceleratorRegistry:
         """
         return self._loaded().selector.select(name, tie_check)
 
+    def distributed_backends(self, name: str) -> dict[str, str]:
+        """The :mod:`torch.distributed` backend of each accelerator ``name`` selects, by
+        canonical name: one, or several for an alias shared by several (the built-in
+        ``gpu``). Asked of their plugins without probing them or creating a handle, so
+        nothing is started (on XLA, a handle hands a device out).
+
+        :param name: a name or alias, optionally with a device index; not ``"auto"``.
+        :raises AcceleratorNotFoundError: no accelerator has that name.
+        :raises PluginError: several installed plugins claim that name.
+        :raises ValueError: ``name`` is ``"auto"`` or malformed.
+        """
+        return self._loaded().selector.distributed_backends(name)
+
     def list_accelerators(self) -> list[AcceleratorInfo]:
         """Every registered accelerator, available or not, in ``"auto"`` order
         (highest priority first, then by name); then plugins that failed to load,

@@ -112,7 +112,33 @@ class Selector:
 
     # -- by name ----------------------------------------------------------------------
 
+    def distributed_backends(self, name: str) -> dict[str, str]:
+        """The backend of each accelerator ``name`` selects (see
+        :meth:`accel.AcceleratorRegistry.distributed_backends`): declarations only, no
+        probe and no device."""
+        base, _index = parse_accelerator_name(name)
+        if base == AUTO:
+            raise ValueError(
+                "'auto' is decided by probing the machine, so it has no backend before it "
+                "is selected; ask for an accelerator by name, or select 'auto' with "
+                "get_accelerator() and read its distributed_backend"
+            )
+        entries = self._named(base, name, "")
+        return {e.registration.spec.name: e.hooks.distributed_backend() for e in entries}
+
     def _resolve(self, base: str, requested: str, source: str) -> _Entry:
+        entries = self._named(base, requested, source)
+        # A shared alias ("gpu"): the best available of its accelerators.
+        entries.sort(key=lambda e: (-e.registration.spec.priority, e.registration.spec.name))
+        probed = [(entry, _probe(entry)) for entry in entries]
+        for entry, availability in probed:
+            if availability.available:
+                return entry
+        self._raise_unavailable(requested, source, probed)
+
+    def _named(self, base: str, requested: str, source: str) -> list[_Entry]:
+        """The accelerators ``base`` (a name or alias) selects, unprobed; an unknown or
+        disputed name raises."""
         with self._lock:
             candidates = self._catalog.candidates(base)
             # A name is disputed, and so is every alias of a disputed name.
@@ -138,13 +164,7 @@ class Selector:
                 known=known,
                 suggestion=suggestion,
             )
-        # A shared alias ("gpu"): the best available of its accelerators.
-        entries.sort(key=lambda e: (-e.registration.spec.priority, e.registration.spec.name))
-        probed = [(entry, _probe(entry)) for entry in entries]
-        for entry, availability in probed:
-            if availability.available:
-                return entry
-        self._raise_unavailable(requested, source, probed)
+        return entries
 
     def _raise_unavailable(
         self, requested: str, source: str, probed: list[tuple[_Entry, Availability]]

@@ -379,3 +379,36 @@ def test_auto_passes_over_a_plugin_whose_device_count_raises() -> None:
     assert rows["npu"].reason == "device_count failed: OSError: smi gone"
     with pytest.raises(OSError, match="smi gone"):
         registry.get_accelerator("npu")  # by name: the plugin's own error
+
+
+class _RecordingNpu(FakeAccelerator):
+    """Records its probes and devices: asking for the backend must need neither."""
+
+    @accel.hookimpl
+    def is_available(self) -> accel.Availability:
+        self.calls.append("is_available")
+        return accel.Availability(True)
+
+    @accel.hookimpl
+    def get_device(self, index: int | None) -> torch.device:
+        self.calls.append("get_device")
+        return torch.device("cpu")
+
+    @accel.hookimpl
+    def distributed_backend(self) -> str:
+        return "hccl"
+
+
+def test_distributed_backends_come_from_declarations_without_probing_or_a_device() -> None:
+    npu = _RecordingNpu("npu", aliases=("ascend",))
+    registry = isolated_registry(npu)
+    assert registry.distributed_backends("ASCEND:0") == {"npu": "hccl"}
+    assert registry.distributed_backends("gpu") == {"cuda": "nccl", "mps": "cpu:gloo"}
+    assert registry.distributed_backends("cpu") == {"cpu": "gloo"}
+    assert npu.calls == []
+    registry.get_accelerator("npu")  # the recording works: selecting probes
+    assert npu.calls == ["is_available", "get_device"]
+    with pytest.raises(ValueError, match="'auto' is decided by probing the machine"):
+        registry.distributed_backends("auto")
+    with pytest.raises(accel.AcceleratorNotFoundError, match="unknown accelerator 'npx'"):
+        registry.distributed_backends("npx")

@@ -1374,6 +1374,16 @@ def _srun_task(mp: pytest.MonkeyPatch, **overrides: str) -> None:
             mp.delenv(name, raising=False)
 
 
+@case("spmd-not-xla", DistributedSetupError)
+def _spmd_not_xla(mp: pytest.MonkeyPatch) -> object:
+    return accel.distributed.init_spmd("cpu", registry=isolated_registry())
+
+
+@case("registry-backends-auto", ValueError)
+def _registry_backends_auto(mp: pytest.MonkeyPatch) -> object:
+    return isolated_registry().distributed_backends("auto")
+
+
 @case("launch-slurm-batch-shell", DistributedSetupError)
 def _launch_slurm_batch_shell(mp: pytest.MonkeyPatch) -> object:
     import accel.distributed as adist
