@@ -365,9 +365,15 @@ def format_tie_failure(report: TieReport, device: object, *, raised: bool = True
             "To move anyway, keeping the ties the model had before the move, pass "
             "tie_check='warn' (or 'off') to get_accelerator()."
         )
-    else:
+    elif report.kept_as_before:
         lines.append(
             "The move went ahead: the model keeps the ties and values it had before the "
             "move. Pass tie_check='off' to get_accelerator() to silence this warning."
+        )
+    else:
+        lines.append(
+            "The move went ahead, but accel could not bring the model back to the ties it "
+            "had before the move: it has the ties above. Pass tie_check='error' to "
+            "get_accelerator() to have such a move undone instead."
         )
     return "\n".join(lines)

@@ -14,8 +14,10 @@ what a move needs around it: hollowing out the duplicate slots, and the outcome 
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from typing import TYPE_CHECKING, Final, Literal
 
+from accel._core.transaction import SlotContents
 from accel.errors import TyingWarning, WeightTyingError
 from accel.tying import TieReport, TyingSnapshot, empty_duplicate_slots, format_tie_failure
 
@@ -39,7 +41,9 @@ def begin_kept_move(model: nn.Module, context: MoveContext) -> None:
     if _NOTES_KEY in context.notes:
         return
     snapshot = TyingSnapshot.capture(model)
-    context.notes[_NOTES_KEY] = snapshot
+    # References to every slot's tensor (no copies), to take a tie apart that a
+    # plugin's move makes (see _separate_appeared).
+    context.notes[_NOTES_KEY] = (snapshot, SlotContents(model))
     # Each shared tensor then crosses to the device once, not once per slot: on a
     # GPT-2-sized model that is the difference between matching a bare move and
     # copying the embedding twice. A failed move restores the slots.
@@ -55,11 +59,16 @@ def finish_kept_move(
     :param stacklevel: of a :class:`TyingWarning`, passed to :func:`warnings.warn`
         (1 is this function).
     """
-    snapshot: TyingSnapshot | None = context.notes.pop(_NOTES_KEY, None)
-    if snapshot is None:
+    kept: tuple[TyingSnapshot, SlotContents] | None = context.notes.pop(_NOTES_KEY, None)
+    if kept is None:
         return  # not a kept move, or already finished
+    snapshot, before = kept
     report = snapshot.finish_move(model)
     what = outcome(report, context.tie_check)
+    if what != "error" and not report.kept_as_before:
+        # The move goes ahead: with the ties of before, whatever made the new ones (a
+        # plugin's move tying slots re-tying cannot separate), and with their values.
+        report = replace(report, kept_as_before=_separate_appeared(model, snapshot, before))
     if what == "ok":
         return
     if what == "warn":
@@ -90,3 +99,48 @@ def outcome(report: TieReport, tie_check: TieCheck) -> Literal["ok", "warn", "er
     if report.appeared and not report.broken and report.kept_as_before:
         return "warn"
     return "warn" if tie_check == "warn" else "error"
+
+
+def _separate_appeared(model: nn.Module, snapshot: TyingSnapshot, before: SlotContents) -> bool:
+    """Give the slots of every tie that appeared the tensors they held before the move
+    (``before``), on the device the move put them on, shared as they were shared then;
+    return whether the model then has exactly the snapshot's ties.
+
+    A tensor on that device already (moved in place) goes back itself; one the move
+    left behind (it built new tensors, as to XLA) comes back as a copy on the device,
+    with the values it has kept.
+    """
+    import torch
+    from torch import nn
+
+    appeared = snapshot.check(model).appeared
+    if not appeared:
+        return False  # what differs is no new tie (reported as it is)
+    held = {
+        (id(module), name, kind): tensor
+        for module, parameters, buffers, _ in before.modules()
+        for kind, slots in (("parameter", parameters), ("buffer", buffers))
+        for name, tensor in slots.items()
+        if tensor is not None
+    }
+    for group in appeared:
+        shared = group.tensors()[0]
+        if shared is None:
+            continue
+        again: dict[int, torch.Tensor] = {}  # id(tensor before) -> what goes back
+        for module, name, kind in group.slots:
+            original = held.get((id(module), name, kind))
+            if original is None:
+                continue  # a slot the move added: nothing to give back
+            back = again.get(id(original))
+            if back is None:
+                back = original
+                if original.device != shared.device:
+                    with torch.no_grad():
+                        back = original.detach().to(shared.device, copy=True)
+                    if isinstance(original, nn.Parameter):
+                        back = nn.Parameter(back, requires_grad=original.requires_grad)
+                again[id(original)] = back
+            slots = module._parameters if kind == "parameter" else module._buffers
+            slots[name] = back  # type: ignore[assignment]
+    return snapshot.check(model).ok
