@@ -82,8 +82,8 @@ class PluginError(AcceleratorError):
 
     def __init__(self, message: str, *, conflicting_names: tuple[str, ...] = ()):
         super().__init__(message)
-        #: The accelerator names this plugin claimed that another plugin holds
-        #: (empty unless the error is such a conflict).
+        #: The accelerator names this plugin claimed that another plugin holds, and
+        #: its aliases of those names (empty unless the error is such a conflict).
         self.conflicting_names = conflicting_names
 
 

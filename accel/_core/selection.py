@@ -142,8 +142,7 @@ class Selector:
         with self._lock:
             candidates = self._catalog.candidates(base)
             # A name is disputed, and so is every alias of a disputed name.
-            disputed = [base] if self._catalog.disputed_by(base) else []
-            disputed += [r.spec.name for r in candidates if self._catalog.disputed_by(r.spec.name)]
+            disputed = self._catalog.disputed_names(base)
             if disputed:
                 raise self._catalog.dispute_error(disputed[0], requested, source)
             entries = [e for e in map(self._entry, candidates) if e is not None]
