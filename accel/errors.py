@@ -91,6 +91,12 @@ class PluginWarning(UserWarning):
     """A plugin could not be loaded; the others keep working."""
 
 
+class GradientSyncWarning(UserWarning):
+    """``acc.no_sync(model)`` cannot skip the gradient all-reduce it was asked to skip:
+    ``model`` is the module a ``DistributedDataParallel`` wraps (``ddp.module``), whose
+    ``backward()`` all-reduces all the same. Pass the wrapper, ``acc.no_sync(ddp)``."""
+
+
 class TyingWarning(UserWarning):
     """A move kept the model's ties as they were before it, though something asked
     otherwise: the model's own ``tie_weights()`` would have changed them.

@@ -141,7 +141,9 @@ class TrainingStepMethods(HandleBase):
         DDP's ``no_sync()``; FSDP2's ``set_requires_gradient_sync(False)`` (set back to
         ``True`` on exit); on XLA, where gradients are reduced only in
         :meth:`clip_grad_norm_` and :meth:`optimizer_step`, and for a plain model,
-        nothing to skip.
+        nothing to skip. Pass a DDP wrapper itself, not its ``.module``: that one's
+        ``backward()`` all-reduces all the same, and accel warns
+        (:class:`~accel.errors.GradientSyncWarning`) when a DDP forward runs it here.
 
         :raises TypeError: ``model`` is not a module, or ``enabled`` not a bool.
         """

@@ -8,14 +8,29 @@ accel reduces in ``clip_grad_norm_`` / ``optimizer_step`` only) has nothing to s
 
 from __future__ import annotations
 
+import inspect
+import os
+import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+import pluggy
+
+from accel.errors import GradientSyncWarning
 
 if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["gradient_sync_paused"]
+
+# Frames skipped to find the caller's line: accel's own and pluggy's (hook calls).
+_INTERNAL_DIRECTORIES: Final = (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    os.path.dirname(os.path.abspath(inspect.getfile(pluggy))) + os.sep,
+)
 
 
 def gradient_sync_paused(model: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
@@ -29,7 +44,72 @@ def gradient_sync_paused(model: nn.Module, enabled: bool = True) -> AbstractCont
         return no_sync()  # type: ignore[no-any-return]
     if callable(getattr(model, "set_requires_gradient_sync", None)):  # FSDP2's fully_shard
         return _fsdp2_without_sync(model)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # Nothing to skip on a plain module, unless it is the one a DDP wrapper wraps
+        # (``ddp.module``): that one's backward() all-reduces all the same.
+        return _watching_for_a_wrapper(model, _caller())
     return nullcontext()
+
+
+@contextmanager
+def _watching_for_a_wrapper(model: nn.Module, caller: _Line | None) -> Iterator[None]:
+    """Warn, once, at the caller's line, if a DDP forward runs ``model`` in the block."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    def check(module: nn.Module, args: Any) -> None:
+        active = getattr(DistributedDataParallel, "_get_active_ddp_module", lambda: None)()
+        if active is not None and active.module is model:
+            handle.remove()
+            _warn_at(
+                caller,
+                f"acc.no_sync() was given the {type(model).__name__} that a "
+                f"{type(active).__name__} wraps (its .module), so backward() still "
+                f"all-reduces the gradients on every micro-step (the results are right, "
+                f"the saving is lost). Pass the wrapper itself: acc.no_sync(ddp, ...), "
+                f"the model wrap_data_parallel() returned, not its .module.",
+            )
+
+    handle = model.register_forward_pre_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+class _Line(NamedTuple):
+    """A line of the caller's code, as warnings need it."""
+
+    filename: str
+    lineno: int
+    module_globals: dict[str, Any]
+
+
+def _caller() -> _Line | None:
+    """The line outside accel and pluggy that called ``acc.no_sync``, read now (a
+    frame's line number moves on as its code runs)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRECTORIES):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return _Line(frame.f_code.co_filename, frame.f_lineno, frame.f_globals)
+
+
+def _warn_at(line: _Line | None, message: str) -> None:
+    if line is None:
+        warnings.warn(message, GradientSyncWarning, stacklevel=2)
+        return
+    warnings.warn_explicit(
+        message,
+        GradientSyncWarning,
+        line.filename,
+        line.lineno,
+        module=line.module_globals.get("__name__"),
+        registry=line.module_globals.setdefault("__warningregistry__", {}),
+        module_globals=line.module_globals,
+    )
 
 
 @contextmanager

@@ -444,6 +444,21 @@ def _step_autocast_dtype_name(monkeypatch: pytest.MonkeyPatch) -> object:
     return _stepping()[0].autocast("float8")
 
 
+@case("step-no-sync-ddp-module", accel.errors.GradientSyncWarning)
+def _step_no_sync_ddp_module(mp: pytest.MonkeyPatch) -> object:
+    with tempfile.TemporaryDirectory() as directory:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{directory}/store", rank=0, world_size=1
+        )
+        try:
+            ddp = nn.parallel.DistributedDataParallel(nn.Linear(3, 1))
+            with isolated_registry().get_accelerator("cpu").no_sync(ddp.module):
+                ddp(torch.ones(2, 3)).sum().backward()
+        finally:
+            dist.destroy_process_group()
+    return ddp
+
+
 @case("step-clip-model", TypeError)
 def _step_clip_model(monkeypatch: pytest.MonkeyPatch) -> object:
     cpu, model, _ = _stepping()
