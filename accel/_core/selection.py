@@ -53,7 +53,7 @@ class Selector:
     """Selection over one registry's catalog, dispatcher and load failures (it owns
     none of them: the registry does, and changes them under ``lock``)."""
 
-    __slots__ = ("_catalog", "_dispatcher", "_failures", "_lock")
+    __slots__ = ("_catalog", "_device_failures", "_dispatcher", "_failures", "_lock")
 
     def __init__(
         self,
@@ -66,6 +66,9 @@ class Selector:
         self._dispatcher = dispatcher
         self._failures = failures
         self._lock = lock
+        # Canonical name -> why "auto" last found its get_device unusable: listed as
+        # the reason (listing never asks get_device, which on XLA hands a device out).
+        self._device_failures: dict[str, str] = {}
 
     def select(self, name: str | None, tie_check: TieCheck) -> Accelerator:
         """The handle for ``name`` (see :meth:`accel.AcceleratorRegistry.get_accelerator`)."""
@@ -193,12 +196,18 @@ class Selector:
             for entry in self._ranked():
                 if entry.disputed or not _auto_may_pick(entry.hooks):
                     continue
+                name = entry.registration.spec.name
                 try:
                     device = entry.hooks.device(None, requested=AUTO, source=source)
                 except AcceleratorNotFoundError:
                     if self._still_registered(entry):
                         raise
                     break  # it left while being selected: rank again without it
+                except Exception as exc:
+                    # As with a device_count that raises: passed over, the reason listed.
+                    self._device_failures[name] = _device_failed(exc)
+                    continue
+                self._device_failures.pop(name, None)
                 return Accelerator(
                     entry.hooks,
                     entry.registration.spec,
@@ -265,12 +274,17 @@ class Selector:
         # An available accelerator keeps its reason only when it explains why "auto"
         # passes it over (TPU on XLA:CPU).
         reason = "" if availability.available and availability.auto else availability.reason
+        remedy = availability.remedy if not availability.available else ""
         if availability.available:
             try:
                 count = hooks.device_count()
             except Exception as exc:
                 count_failed = True
                 reason = _count_failed(exc)
+            device_failure = self._device_failures.get(spec.name)
+            if device_failure is not None and not count_failed:
+                count_failed, reason = True, device_failure
+                remedy = f"fix the plugin, or report this to its authors ({registration.provider})"
         return AcceleratorInfo(
             name=spec.name,
             aliases=spec.aliases,
@@ -280,7 +294,7 @@ class Selector:
             provider=registration.provider,
             description=spec.description,
             reason=reason,
-            remedy=availability.remedy if not availability.available else "",
+            remedy=remedy,
             auto=availability.auto,
         )
 
@@ -317,3 +331,7 @@ def _auto_may_pick(hooks: AcceleratorHooks) -> bool:
 
 def _count_failed(exc: Exception) -> str:
     return f"device_count failed: {type(exc).__name__}: {exc}"
+
+
+def _device_failed(exc: Exception) -> str:
+    return f"get_device failed: {type(exc).__name__}: {exc}"

@@ -412,3 +412,36 @@ def test_distributed_backends_come_from_declarations_without_probing_or_a_device
         registry.distributed_backends("auto")
     with pytest.raises(accel.AcceleratorNotFoundError, match="unknown accelerator 'npx'"):
         registry.distributed_backends("npx")
+
+
+class _NonsenseDevice(FakeAccelerator):
+    @accel.hookimpl
+    def get_device(self, index: int | None) -> Any:
+        return "npu:0"  # a string, not a torch.device
+
+
+class _RaisingDevice(FakeAccelerator):
+    @accel.hookimpl
+    def get_device(self, index: int | None) -> torch.device:
+        raise RuntimeError("driver says no")
+
+
+def test_auto_passes_over_a_plugin_whose_get_device_returns_nonsense_or_raises() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(_NonsenseDevice("npu", priority=500))
+    registry.register(_RaisingDevice("npx", priority=450))
+    registry.register(FakeAccelerator("second", priority=400))
+    assert registry.get_accelerator("auto").name == "second"
+    rows = {row.name: row for row in registry.list_accelerators()}
+    assert not rows["npu"].available and not rows["npx"].available
+    assert rows["npu"].reason.startswith(
+        "get_device failed: PluginError: hook 'get_device' for accelerator 'npu' returned "
+        "str ('npu:0'); expected device"
+    )
+    assert rows["npx"].reason == "get_device failed: RuntimeError: driver says no"
+    assert "report this to its authors" in rows["npu"].remedy
+    assert rows["second"].available
+    with pytest.raises(accel.PluginError, match="returned str"):
+        registry.get_accelerator("npu")  # by name: the error itself
+    with pytest.raises(RuntimeError, match="driver says no"):
+        registry.get_accelerator("npx")

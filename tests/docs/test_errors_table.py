@@ -807,6 +807,19 @@ def _plugin_count_raises(mp: pytest.MonkeyPatch) -> object:
     return registry.get_accelerator("npu")
 
 
+@case("plugin-get-device-str-auto", None)
+def _plugin_get_device_str_auto(mp: pytest.MonkeyPatch) -> object:
+    nonsense = _plugin(
+        register_accelerators=lambda self: [accel.AcceleratorSpec("npu", priority=99)],
+        get_device=lambda self: "npu:0",
+    )
+    registry = isolated_registry(nonsense)
+    acc = registry.get_accelerator("auto")
+    assert acc.name == "cpu"  # npu ranks first, but names no device
+    assert _listed(registry, "npu").reason.startswith("get_device failed: PluginError: ")
+    return acc
+
+
 @case("plugin-get-device-str", accel.PluginError)
 def _plugin_get_device_str(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry(_plugin(get_device=lambda self: "npu:0")).get_accelerator("npu")
