@@ -349,7 +349,7 @@ def format_tie_failure(report: TieReport, device: object, *, raised: bool = True
         )
     else:
         lines.append("accel re-tied the groups it found before the move.")
-    if report.appeared:
+    if report.appeared and report.tie_weights_called:
         lines.append(
             "A new tie usually means a checkpoint saved untied was loaded with a config that "
             "ties (such as tie_word_embeddings=True): load it with the config its weights "

@@ -27,10 +27,13 @@ if TYPE_CHECKING:
 
     from accel.training.memory import MemoryStats
 
-__all__ = ["FALLBACKS_NAME", "AcceleratorHooks", "no_longer_registered"]
+__all__ = ["FALLBACKS_NAME", "MOVED_BY_NOTE", "AcceleratorHooks", "no_longer_registered"]
 
 #: The plugin name of accel's fallbacks in every manager.
 FALLBACKS_NAME: Final = "accel.fallbacks"
+#: The key in a move's ``context.notes`` of who answered ``model_to_device`` (as
+#: :meth:`AcceleratorHooks.describe` names it), for messages about the move.
+MOVED_BY_NOTE: Final = "accel.moved_by"
 _T = TypeVar("_T")
 
 
@@ -106,6 +109,8 @@ class AcceleratorHooks:
         from torch import nn
 
         moved, who = self._first("model_to_device", model=model, device=device, context=context)
+        if who != FALLBACKS_NAME:  # a plugin moved it (None: one of them, pluggy ran it)
+            context.notes[MOVED_BY_NOTE] = self.describe(who, "model_to_device")
         if not isinstance(moved, nn.Module):
             raise self._bad(
                 "model_to_device", f"returned {type(moved).__name__}, not a torch.nn.Module", who

@@ -17,6 +17,7 @@ import warnings
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final, Literal
 
+from accel._core.hooks import MOVED_BY_NOTE
 from accel._core.transaction import SlotContents
 from accel.errors import TyingWarning, WeightTyingError
 from accel.tying import TieReport, TyingSnapshot, empty_duplicate_slots, format_tie_failure
@@ -72,15 +73,33 @@ def finish_kept_move(
     if what == "ok":
         return
     if what == "warn":
-        message = format_tie_failure(report, device, raised=False)
+        message = _blaming(format_tie_failure(report, device, raised=False), report, context)
         warnings.warn(message, TyingWarning, stacklevel=stacklevel)
         return
     raise WeightTyingError(
-        format_tie_failure(report, device),
+        _blaming(format_tie_failure(report, device), report, context),
         count_before=report.count_before,
         count_after=report.count_after,
         broken_groups=[group.names for group in report.broken],
         appeared_groups=[group.names for group in report.appeared],
+    )
+
+
+def _blaming(message: str, report: TieReport, context: MoveContext) -> str:
+    """``message`` naming the plugin whose move changed the ties, where it was a plugin's.
+
+    Pre-move hooks ran before the snapshot (what they did is the truth), post-move hooks
+    run after the check, and re-tying undoes what a move unties: what is left came from
+    the model's own ``tie_weights()`` (the message says so) or from the move itself.
+    """
+    mover = context.notes.get(MOVED_BY_NOTE)
+    if mover is None or report.tie_weights_undone:
+        return message
+    first, _, rest = message.partition("\n")
+    return (
+        f"{first}\nThe ties were changed by the model_to_device hook of {mover}, in a way "
+        f"re-tying the groups of before cannot undo. Report this to the plugin's authors."
+        f"\n{rest}"
     )
 
 

@@ -245,3 +245,23 @@ def test_under_warn_a_move_accel_cannot_bring_back_says_so() -> None:
     assert "Before: 2 After: 3" in message
     assert "could not bring the model back to the ties it had before the move" in message
     assert "keeps the ties and values" not in message
+
+
+def test_the_tying_error_and_warning_name_the_plugin_whose_move_made_the_tie() -> None:
+    plugin = "plugin 'test_tie_keeping.TyingVendorPlugin' (test_tie_keeping.TyingVendorPlugin)"
+    with pytest.raises(accel.WeightTyingError) as info:
+        _tying_npu("error").model_to_device(_two_layers())
+    message = str(info.value)
+    assert f"by the model_to_device hook of {plugin}" in message
+    assert "Report this to the plugin's authors" in message
+    assert "tie_word_embeddings" not in message  # no tie_weights() ran: no checkpoint hint
+    with pytest.warns(accel.TyingWarning) as caught:
+        _tying_npu("warn").model_to_device(_two_layers())
+    assert f"by the model_to_device hook of {plugin}" in str(caught[0].message)
+
+
+def test_a_tie_the_models_own_tie_weights_breaks_blames_no_plugin() -> None:
+    with pytest.raises(accel.WeightTyingError) as info:
+        _npu().model_to_device(UntiesOnPurpose())
+    assert "model_to_device hook of" not in str(info.value)
+    assert "tie_weights(), which changed them" in str(info.value)
