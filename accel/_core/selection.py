@@ -173,14 +173,14 @@ class Selector:
     ) -> NoReturn:
         (first, availability), *others = probed
         canonical = first.registration.spec.name
-        remedy = f" To use it: {availability.remedy}." if availability.remedy else ""
+        remedy = f" To use it: {_sentence(availability.remedy)}." if availability.remedy else ""
         alternatives = "".join(
-            f" {other.registration.spec.name!r} is not available either: {why.reason}."
+            f" {other.registration.spec.name!r} is not available either: {_sentence(why.reason)}."
             for other, why in others
         )
         raise AcceleratorUnavailableError(
             f"accelerator {canonical!r} (asked for as {requested!r}{source}) is not available: "
-            f"{availability.reason or 'its plugin says so'}.{remedy}{alternatives} "
+            f"{_sentence(availability.reason or 'its plugin says so')}.{remedy}{alternatives} "
             f"Run `accel list` to see what this machine offers.",
             accelerator=canonical,
             reason=availability.reason,
@@ -327,6 +327,12 @@ def _auto_may_pick(hooks: AcceleratorHooks) -> bool:
     except Exception:  # listed with the reason (_count_failed) by accel list
         return False
     return True
+
+
+def _sentence(text: str) -> str:
+    """``text`` without its closing period: the message adds one (a reason that is a
+    whole sentence, such as another error's message, would end in two)."""
+    return text.rstrip().removesuffix(".")
 
 
 def _count_failed(exc: Exception) -> str:

@@ -445,3 +445,17 @@ def test_auto_passes_over_a_plugin_whose_get_device_returns_nonsense_or_raises()
         registry.get_accelerator("npu")  # by name: the error itself
     with pytest.raises(RuntimeError, match="driver says no"):
         registry.get_accelerator("npx")
+
+
+def test_a_reason_ending_in_a_period_gets_no_second_one() -> None:
+    class AnswersTrue(FakeAccelerator):
+        @accel.hookimpl
+        def is_available(self) -> Any:
+            return True  # not an Availability: the reason is a sentence of its own
+
+    registry = isolated_registry(AnswersTrue("npu"))
+    with pytest.raises(accel.AcceleratorUnavailableError) as info:
+        registry.get_accelerator("npu")
+    message = str(info.value)
+    assert "Report this to the plugin's authors. To use it: fix the plugin" in message
+    assert ".." not in message
