@@ -12,10 +12,14 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from accel import default_registry
-from accel._core.names import AUTO, name_from_environment, parse_accelerator_name
+import torch.distributed as dist
+
+import accel
+from accel._util.names import AUTO, name_from_environment, parse_accelerator_name
 from accel.distributed._devices import resolve_accelerator
 from accel.distributed._errors import DistributedSetupError
+from accel.errors import AcceleratorValueError
+from accel.training.nested import tensors_in
 
 if TYPE_CHECKING:
     import torch
@@ -108,7 +112,7 @@ def _require_xla_name(accelerator: str | None, registry: AcceleratorRegistry | N
     name, _source = name_from_environment(accelerator)
     if parse_accelerator_name(name)[0] == AUTO:
         return  # decided by probing: checked once selected
-    backends = (registry or default_registry()).distributed_backends(name)
+    backends = (registry or accel.default_registry()).distributed_backends(name)
     if "xla" not in backends.values():
         canonical, backend = next(iter(backends.items()))
         raise _not_xla(canonical, backend)
@@ -132,7 +136,6 @@ def _switch_to_spmd() -> tuple[Any, Any]:
         raise DistributedSetupError(
             f"init_spmd needs torch_xla, and importing it failed ({exc}); pip install 'accel[tpu]'"
         ) from exc
-    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_backend() == "xla":
         raise DistributedSetupError(
@@ -173,13 +176,12 @@ def shard_batch(batch: Any, context: SpmdContext | None = None) -> Any:
     import torch_xla.distributed.spmd as xs
 
     moved = context.accelerator.batch_to_device(batch)
-    from accel.training.nested import tensors_in
 
     for tensor in tensors_in(moved):
         if tensor.dim() == 0:
             continue  # a scalar (a step count, a scale) stays replicated
         if tensor.shape[0] % context.num_devices:
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"shard_batch splits every tensor's first dimension over "
                 f"{context.num_devices} devices, but a tensor of shape {tuple(tensor.shape)} "
                 f"does not divide evenly; use a batch size divisible by {context.num_devices}"

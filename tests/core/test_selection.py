@@ -91,7 +91,7 @@ def test_empty_name_is_a_value_error(registry: accel.AcceleratorRegistry, name: 
 
 @pytest.mark.parametrize("name", [0, 1.5, b"cpu", ["cpu"], torch.device("cpu")])
 def test_non_string_name_is_a_type_error(registry: accel.AcceleratorRegistry, name: object) -> None:
-    with pytest.raises(TypeError, match="must be a str"):
+    with pytest.raises(TypeError, match=r"must be a name \(a str such as"):
         registry.get_accelerator(name)  # type: ignore[arg-type]
 
 
@@ -459,3 +459,31 @@ def test_a_reason_ending_in_a_period_gets_no_second_one() -> None:
     message = str(info.value)
     assert "Report this to the plugin's authors. To use it: fix the plugin" in message
     assert ".." not in message
+
+
+# -- "a handle or a name": one rule, the registry's ------------------------------------
+
+
+def test_a_registry_returns_its_own_handle_and_refuses_another_registrys() -> None:
+    mine, other = isolated_registry(), isolated_registry()
+    handle = mine.get_accelerator("cpu")
+    assert mine.get_accelerator(handle) is handle
+    with pytest.raises(accel.AcceleratorValueError, match="belongs to another registry"):
+        other.get_accelerator(handle)
+    # Without a registry, a handle is used as it is, whichever registry selected it.
+    assert accel.get_accelerator(handle) is handle
+
+
+def test_every_handle_or_name_argument_follows_the_registrys_rule() -> None:
+    import accel.distributed._devices as devices
+    from accel.integrations.lightning import AccelAccelerator
+
+    mine, other = isolated_registry(), isolated_registry()
+    handle = mine.get_accelerator("cpu")
+    assert devices.resolve_accelerator(handle, mine) is handle
+    assert devices.resolve_accelerator(handle, None) is handle
+    assert AccelAccelerator(handle, registry=mine).handle() is handle
+    with pytest.raises(accel.AcceleratorValueError, match="belongs to another registry"):
+        devices.resolve_accelerator(handle, other)
+    with pytest.raises(accel.AcceleratorValueError, match="belongs to another registry"):
+        AccelAccelerator(handle, registry=other)

@@ -13,13 +13,12 @@ leaves during the probe is then passed over (``"auto"``, listing) or reported as
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from typing import Final, NamedTuple, NoReturn, final
+from typing import NamedTuple, NoReturn, final
 
-from accel._core.catalog import BUILTIN_PROVIDER, Catalog, Registration
-from accel._core.dispatch import AcceleratorHooks, Dispatcher
-from accel._core.names import (
+from accel._registry.catalog import BUILTIN_PROVIDER, Catalog, Registration
+from accel._registry.dispatch import AcceleratorHooks, Dispatcher
+from accel._util.names import (
     ACCELERATOR_ENV,
     AUTO,
     closest_name,
@@ -29,7 +28,11 @@ from accel._core.names import (
     parse_accelerator_name,
 )
 from accel.accelerator import Accelerator
-from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError
+from accel.errors import (
+    AcceleratorNotFoundError,
+    AcceleratorUnavailableError,
+    AcceleratorValueError,
+)
 from accel.types import AcceleratorInfo, Availability, PluginFailure, TieCheck, checked_tie_check
 
 __all__ = ["Selector"]
@@ -70,19 +73,21 @@ class Selector:
         # the reason (listing never asks get_device, which on XLA hands a device out).
         self._device_failures: dict[str, str] = {}
 
-    def select(self, name: str | None, tie_check: TieCheck) -> Accelerator:
+    def select(self, name: str | Accelerator | None, tie_check: TieCheck) -> Accelerator:
         """The handle for ``name`` (see :meth:`accel.AcceleratorRegistry.get_accelerator`)."""
         checked_tie_check(tie_check)
+        if isinstance(name, Accelerator):
+            return self._own(name)
         name, source = name_from_environment(name)
         try:
             base, index = parse_accelerator_name(name)
         except ValueError as exc:
             if source:
-                raise ValueError(f"{exc} (read from ${ACCELERATOR_ENV})") from None
+                raise AcceleratorValueError(f"{exc} (read from ${ACCELERATOR_ENV})") from None
             raise
         if base == AUTO:
             if index is not None:
-                raise ValueError(
+                raise AcceleratorValueError(
                     f"'auto' takes no device index (got {name!r}{source}); ask for a named "
                     f"accelerator such as 'cuda:{index}' instead"
                 )
@@ -91,6 +96,17 @@ class Selector:
         device = entry.hooks.device(index, requested=name, source=source)
         return Accelerator(
             entry.hooks, entry.registration.spec, index=index, device=device, tie_check=tie_check
+        )
+
+    def _own(self, handle: Accelerator) -> Accelerator:
+        """``handle`` itself, if it is one of this registry's; the one rule every
+        "a handle or a name" argument in accel follows."""
+        if self._dispatcher.owns(handle._hooks):
+            return handle
+        raise AcceleratorValueError(
+            f"the accelerator handle {handle!r} belongs to another registry than the one "
+            f"asked (registry=): pass the handle without a registry, or its name "
+            f"({handle.name!r}) to this registry"
         )
 
     # -- snapshots: read under the lock, probed outside it ----------------------------
@@ -121,7 +137,7 @@ class Selector:
         probe and no device."""
         base, _index = parse_accelerator_name(name)
         if base == AUTO:
-            raise ValueError(
+            raise AcceleratorValueError(
                 "'auto' is decided by probing the machine, so it has no backend before it "
                 "is selected; ask for an accelerator by name, or select 'auto' with "
                 "get_accelerator() and read its distributed_backend"
@@ -299,22 +315,10 @@ class Selector:
         )
 
 
-#: How :meth:`AcceleratorHooks.availability` begins the reason of a probe that raised.
-_PROBE_RAISED: Final = "probing it failed: "
-
-
 def _probe(entry: _Entry) -> Availability:
     """The accelerator's availability; where its probe raised, with what to do about it
     (the probe's own remedy is lost with its result), naming the plugin's provider."""
-    availability = entry.hooks.availability()
-    if availability.available or availability.remedy:
-        return availability
-    if not availability.reason.startswith(_PROBE_RAISED):
-        return availability
-    return dataclasses.replace(
-        availability,
-        remedy=f"fix the plugin, or report this to its authors ({entry.registration.provider})",
-    )
+    return entry.hooks.availability(provider=entry.registration.provider)
 
 
 def _auto_may_pick(hooks: AcceleratorHooks) -> bool:

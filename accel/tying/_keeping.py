@@ -13,24 +13,26 @@ what a move needs around it: hollowing out the duplicate slots, and the outcome 
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final, Literal
 
-from accel._core.hooks import MOVED_BY_NOTE
-from accel._core.transaction import SlotContents
+import torch
+from torch import nn
+
+from accel._util.warn import warn_at_caller
 from accel.errors import TyingWarning, WeightTyingError
 from accel.tying import TieReport, TyingSnapshot, empty_duplicate_slots, format_tie_failure
+from accel.tying._slots import SlotContents
 
 if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
     from accel.types import MoveContext, TieCheck
 
-__all__ = ["begin_kept_move", "finish_kept_move", "outcome"]
+__all__ = ["MOVED_BY_NOTE", "begin_kept_move", "finish_kept_move", "outcome"]
 
 _NOTES_KEY: Final = "accel.tie_keeping"
+#: The key in a move's ``context.notes`` under which the hook caller names who
+#: answered ``model_to_device``, so that a tying error can name that plugin.
+MOVED_BY_NOTE: Final = "accel.moved_by"
 
 
 def begin_kept_move(model: nn.Module, context: MoveContext) -> None:
@@ -51,14 +53,10 @@ def begin_kept_move(model: nn.Module, context: MoveContext) -> None:
     empty_duplicate_slots(list(snapshot.groups))
 
 
-def finish_kept_move(
-    model: nn.Module, device: torch.device, context: MoveContext, *, stacklevel: int = 3
-) -> None:
+def finish_kept_move(model: nn.Module, device: torch.device, context: MoveContext) -> None:
     """After the move: re-tie, run the model's ``tie_weights()``, keep the ties the
     model had before the move, and report by ``context.tie_check`` (see :func:`outcome`).
-
-    :param stacklevel: of a :class:`TyingWarning`, passed to :func:`warnings.warn`
-        (1 is this function).
+    A :class:`TyingWarning` points at the user's line, however deep the call.
     """
     kept: tuple[TyingSnapshot, SlotContents] | None = context.notes.pop(_NOTES_KEY, None)
     if kept is None:
@@ -74,7 +72,7 @@ def finish_kept_move(
         return
     if what == "warn":
         message = _blaming(format_tie_failure(report, device, raised=False), report, context)
-        warnings.warn(message, TyingWarning, stacklevel=stacklevel)
+        warn_at_caller(message, TyingWarning)
         return
     raise WeightTyingError(
         _blaming(format_tie_failure(report, device), report, context),
@@ -129,9 +127,6 @@ def _separate_appeared(model: nn.Module, snapshot: TyingSnapshot, before: SlotCo
     left behind (it built new tensors, as to XLA) comes back as a copy on the device,
     with the values it has kept.
     """
-    import torch
-    from torch import nn
-
     appeared = snapshot.check(model).appeared
     if not appeared:
         return False  # what differs is no new tie (reported as it is)
