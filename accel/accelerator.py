@@ -222,7 +222,9 @@ class Accelerator:
         DDP's ``no_sync()``; FSDP2's ``set_requires_gradient_sync(False)`` (set back to
         ``True`` on exit); on XLA, where gradients are reduced only in
         :meth:`clip_grad_norm_` and :meth:`optimizer_step`, and for a plain model,
-        nothing to skip.
+        nothing to skip. Pass a DDP wrapper itself, not its ``.module``: that one's
+        ``backward()`` all-reduces all the same, and accel warns
+        (:class:`~accel.errors.GradientSyncWarning`) when a DDP forward runs it here.
 
         :raises TypeError: ``model`` is not a module, or ``enabled`` not a bool.
         """
@@ -393,7 +395,7 @@ class Accelerator:
         groups and parameter-shaped state are all checked first.
 
         :raises FileNotFoundError: no file at ``path``.
-        :raises KeyError: a key of ``state`` with ``load_state_dict`` is not in the file.
+        :raises KeyError: a key of ``state`` is not in the file (plain values too).
         :raises ValueError: the file is not a checkpoint, or a module's parameters differ
             in name or shape, or an optimizer's parameter groups (named).
         :raises pickle.UnpicklingError: the file holds objects ``weights_only`` refuses.

@@ -137,8 +137,8 @@ class PluginError(AcceleratorError):
 
     def __init__(self, message: str, *, conflicting_names: tuple[str, ...] = ()):
         super().__init__(message)
-        #: The accelerator names this plugin claimed that another plugin holds
-        #: (empty unless the error is such a conflict).
+        #: The accelerator names this plugin claimed that another plugin holds, and
+        #: its aliases of those names (empty unless the error is such a conflict).
         self.conflicting_names = conflicting_names
 
 
@@ -153,6 +153,12 @@ class PluginWarning(UserWarning):
     neither true nor false; and when a plugin claims an alias that a built-in or
     another plugin holds (the alias is kept by the built-in or left to neither).
     """
+
+
+class GradientSyncWarning(UserWarning):
+    """``acc.no_sync(model)`` cannot skip the gradient all-reduce it was asked to skip:
+    ``model`` is the module a ``DistributedDataParallel`` wraps (``ddp.module``), whose
+    ``backward()`` all-reduces all the same. Pass the wrapper, ``acc.no_sync(ddp)``."""
 
 
 class TyingWarning(UserWarning):

@@ -239,6 +239,8 @@ def optimizer_step(
     their work *around* that step, as a wrapper: the TPU plugin reduces gradients
     across replicas before it (those :func:`clip_grad_norm_` reduced excepted) and
     marks the XLA step after it (inside a ``device_loader`` loop, at the next batch).
+    A ``closure`` computes the gradients inside the step: work on them belongs after
+    each call of it (the TPU plugin steps with a closure that reduces after yours).
     A plain implementation that returns ``None`` lets the fallback step; one that
     steps itself must return a value other than ``None`` (or the fallback steps a
     second time), so prefer a wrapper. Example::

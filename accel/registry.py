@@ -132,6 +132,19 @@ class AcceleratorRegistry:
         """
         return self._loaded().selector.select(name, tie_check)
 
+    def distributed_backends(self, name: str) -> dict[str, str]:
+        """The :mod:`torch.distributed` backend of each accelerator ``name`` selects, by
+        canonical name: one, or several for an alias shared by several (the built-in
+        ``gpu``). Asked of their plugins without probing them or creating a handle, so
+        nothing is started (on XLA, a handle hands a device out).
+
+        :param name: a name or alias, optionally with a device index; not ``"auto"``.
+        :raises AcceleratorNotFoundError: no accelerator has that name.
+        :raises PluginError: several installed plugins claim that name.
+        :raises AcceleratorValueError: ``name`` is ``"auto"`` or malformed.
+        """
+        return self._loaded().selector.distributed_backends(name)
+
     def list_accelerators(self) -> list[AcceleratorInfo]:
         """Every registered accelerator, available or not, in ``"auto"`` order
         (highest priority first, then by name); then plugins that failed to load,
@@ -226,7 +239,9 @@ class AcceleratorRegistry:
                 dispatcher.remove_plugin(holder, self._catalog.remove(holder))
         elif conflicts:
             if not entry_point:
-                raise _conflict_error(conflicts[0], specs, label, provider)
+                raise _conflict_error(
+                    conflicts[0], specs, label, provider, {c.name for c in conflicts}
+                )
             # A built-in always keeps its names: an installed plugin cannot take them,
             # and disputes nothing, so the built-in keeps working. A built-in's canonical
             # name keeps the plugin out; a built-in's alias is only taken from the plugin.
@@ -242,7 +257,17 @@ class AcceleratorRegistry:
             for conflict in canonical:
                 self._catalog.dispute(conflict.name, [conflict.holder.provider, provider])
             if canonical:
-                raise _conflict_error(canonical[0], specs, label, provider)
+                # Its aliases of a disputed name are disputed too: had it loaded first,
+                # they would select the disputed accelerator.
+                disputed = {c.name for c in canonical}
+                for spec in specs:
+                    if spec.name in disputed:
+                        for alias in spec.aliases:
+                            self._catalog.dispute_alias(alias, spec.name)
+                named = {c.name for c in conflicts} | {
+                    alias for spec in specs if spec.name in disputed for alias in spec.aliases
+                }
+                raise _conflict_error(canonical[0], specs, label, provider, named)
             disputed_aliases = conflicts
             dropped_aliases = builtin
         kept = _without_aliases(specs, {c.name for c in dropped_aliases})
@@ -321,7 +346,10 @@ def _conflict_error(
     specs: list[AcceleratorSpec],
     label: str,
     provider: str,
+    named: set[str],
 ) -> PluginError:
+    """:param named: every name of ``specs`` the conflict leaves disputed, for
+    ``conflicting_names`` (in the order the plugin declares them)."""
     holder = conflict.holder
     claimant = _claimant(conflict, specs)
     return PluginError(
@@ -329,5 +357,7 @@ def _conflict_error(
         f"{holder.provider} and by {claimant!r} from {provider} (plugin {label!r}). "
         f"Uninstall one of them, load only one with {PLUGINS_ENV}=..., or, registering in "
         f"code, pass override=True to replace the existing one on purpose.",
-        conflicting_names=(conflict.name,),
+        conflicting_names=tuple(
+            dict.fromkeys(key for s in specs for key in (s.name, *s.aliases) if key in named)
+        ),
     )

@@ -159,8 +159,9 @@ class PluginFailure:
     provider: str
     #: The error, as one line.
     error: str
-    #: Names it tried to claim that another plugin already had; asking for one of
-    #: them raises :class:`PluginError` rather than silently picking a provider.
+    #: Names it tried to claim that are disputed now (another plugin had them, or
+    #: they are its aliases of such a name), in the order it declared them; asking
+    #: for one of them raises :class:`PluginError` rather than silently picking one.
     conflicting_names: tuple[str, ...] = ()
 
 

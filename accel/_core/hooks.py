@@ -21,6 +21,7 @@ from accel._util.names import describe_index_range
 from accel._util.notes import REPORT_TO_AUTHORS
 from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError, PluginError
 from accel.training.memory import memory_stats_problem
+from accel.tying._keeping import MOVED_BY_NOTE
 from accel.types import Availability, MoveContext
 
 if TYPE_CHECKING:
@@ -126,6 +127,8 @@ class AcceleratorHooks:
         self, model: torch.nn.Module, device: torch.device, context: MoveContext
     ) -> torch.nn.Module:
         moved, who = self._first("model_to_device", model=model, device=device, context=context)
+        if who != FALLBACKS_NAME:  # a plugin moved it (None: one of them, pluggy ran it)
+            context.notes[MOVED_BY_NOTE] = self.describe(who, "model_to_device")
         if not isinstance(moved, nn.Module):
             raise self._bad(
                 "model_to_device", f"returned {type(moved).__name__}, not a torch.nn.Module", who

@@ -7,6 +7,7 @@ import inspect
 import os
 import sys
 import warnings
+from typing import Any, NamedTuple
 
 import pluggy
 
@@ -37,3 +38,39 @@ def warn_at_caller(message: str, category: type[Warning]) -> None:
         frame = frame.f_back
         level += 1
     warnings.warn(message, category, stacklevel=level)
+
+
+class CallerLine(NamedTuple):
+    """The user's line a later warning is about, read when it was reached (a frame's
+    line number moves on as its code runs)."""
+
+    filename: str
+    lineno: int
+    module_globals: dict[str, Any]
+
+
+def caller_line() -> CallerLine | None:
+    """The first line outside accel on the stack now, for :func:`warn_at`."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and _inside(frame.f_code.co_filename):
+        frame = frame.f_back
+    if _inside(frame.f_code.co_filename):
+        return None
+    return CallerLine(frame.f_code.co_filename, frame.f_lineno, frame.f_globals)
+
+
+def warn_at(line: CallerLine | None, message: str, category: type[Warning]) -> None:
+    """Warn about ``line`` (from :func:`caller_line`), from wherever accel finds out
+    later: inside a hook torch calls, say, where the stack has other code on top."""
+    if line is None:
+        warn_at_caller(message, category)
+        return
+    warnings.warn_explicit(
+        message,
+        category,
+        line.filename,
+        line.lineno,
+        module=line.module_globals.get("__name__"),
+        registry=line.module_globals.setdefault("__warningregistry__", {}),
+        module_globals=line.module_globals,
+    )

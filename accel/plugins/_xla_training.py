@@ -29,7 +29,7 @@ from accel.training.device_loader import DeviceLoader
 from accel.training.memory import unknown
 from accel.training.nested import map_nested
 from accel.training.precision import bfloat16_autocast
-from accel.training.step import clip_grad_norm
+from accel.training.step import clip_grad_norm, scaled_step
 from accel.types import MemoryStats
 
 if TYPE_CHECKING:
@@ -44,14 +44,22 @@ class XlaTrainingHooks:
     """Gradient reduction and clipping, compiling, step marking, RNG, precision, memory,
     loading, saving."""
 
-    @hookimpl(wrapper=True)
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> Generator[None, Any, Any]:
+    # trylast: the innermost wrapper, right around the step, so no other wrapper sees
+    # step_with_closure's _Stepped.
+    @hookimpl(wrapper=True, trylast=True)
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None
+    ) -> Generator[None, Any, Any]:
         import torch_xla
 
-        # All-reduce, only when several replicas train, and not again what clipping did;
-        # before a scaler's step, so every replica sees the same overflow.
-        reduce_for_step(optimizer)
+        if closure is None:
+            # All-reduce, only when several replicas train, and not again what clipping
+            # did; before a scaler's step, so every replica sees the same overflow.
+            reduce_for_step(optimizer)
+        # With a closure the gradients do not exist yet: step_with_closure reduces them.
         result = yield  # the step itself (the fallback, or another plugin's)
+        if isinstance(result, _Stepped):
+            result = result.value
         loop = _loop_state()
         if loop.active and loop.fetches != loop.fetches_at_last_step:
             loop.owed = True  # a device_loader loop: its next batch marks the step
@@ -60,6 +68,27 @@ class XlaTrainingHooks:
             loop.owed = False
         loop.fetches_at_last_step = loop.fetches
         return result
+
+    @hookimpl(specname="optimizer_step")
+    def step_with_closure(
+        self,
+        optimizer: torch.optim.Optimizer,
+        closure: Callable[[], Any] | None,
+        scaler: torch.amp.GradScaler | None,
+    ) -> _Stepped | None:
+        """The step of a closure: the optimizer evaluates it (LBFGS several times), and
+        each evaluation's gradients are reduced before the optimizer uses them."""
+        if closure is None:
+            return None  # reduced in the wrapper; the fallback (or a plugin) steps
+
+        def closure_then_reduce() -> Any:
+            loss = closure()
+            reduce_for_step(optimizer)
+            return loss
+
+        if scaler is not None:  # a disabled one: the handle refuses a closure otherwise
+            return _Stepped(scaled_step(optimizer, scaler, closure_then_reduce))
+        return _Stepped(optimizer.step(closure_then_reduce))
 
     @hookimpl
     def clip_grad_norm_(
@@ -238,6 +267,16 @@ class XlaLoader:
                 f"torch_xla's loader thread; the batches before it were used.",
             )
             raise source.error
+
+
+class _Stepped:
+    """What :meth:`XlaTrainingHooks.step_with_closure` returned, wrapped: the step ran,
+    even where it returned ``None`` (so no later implementation steps again)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 
 def _chain(first: Callable[[Any], Any], then: Callable[[Any], Any]) -> Callable[[Any], Any]:

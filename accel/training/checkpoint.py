@@ -183,7 +183,7 @@ def restore_into(stored: Any, state: Any, path: str) -> dict[str, Any]:
     or shapes differ or an optimizer whose parameter groups differ leaves every object
     as it was.
 
-    :raises KeyError: a key of ``state`` with ``load_state_dict`` is not in the file.
+    :raises KeyError: a key of ``state`` is not in the file.
     :raises ValueError: the file holds no dict, or a module's keys or shapes differ, or
         an optimizer's parameter groups.
     """
@@ -197,7 +197,8 @@ def restore_into(stored: Any, state: Any, path: str) -> dict[str, Any]:
             f"there is nothing to restore state into; call acc.load({path!r}) without state"
         )
     targets = {key: value for key, value in state.items() if hasattr(value, "load_state_dict")}
-    missing = [key for key in targets if key not in stored]
+    # Every key, plain values too: a resume that silently lacks its "step" starts over.
+    missing = [key for key in state if key not in stored]
     if missing:
         raise AcceleratorKeyError(
             f"load: {path!r} has no entry {', '.join(map(repr, missing))} to restore; it "

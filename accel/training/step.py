@@ -28,9 +28,12 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from accel.errors import AcceleratorTypeError, AcceleratorValueError
+from accel._util.warn import CallerLine, caller_line, warn_at
+from accel.errors import AcceleratorTypeError, AcceleratorValueError, GradientSyncWarning
 
 __all__ = [
     "clip_grad_norm",
@@ -126,7 +129,36 @@ def gradient_sync_paused(model: nn.Module, enabled: bool = True) -> AbstractCont
         return no_sync()  # type: ignore[no-any-return]
     if callable(getattr(model, "set_requires_gradient_sync", None)):  # FSDP2's fully_shard
         return _fsdp2_without_sync(model)
+    if dist.is_available() and dist.is_initialized():
+        # Nothing to skip on a plain module, unless it is the one a DDP wrapper wraps
+        # (``ddp.module``): that one's backward() all-reduces all the same.
+        return _watching_for_a_wrapper(model, caller_line())
     return nullcontext()
+
+
+@contextmanager
+def _watching_for_a_wrapper(model: nn.Module, caller: CallerLine | None) -> Iterator[None]:
+    """Warn, once, at the caller's line, if a DDP forward runs ``model`` in the block."""
+
+    def check(module: nn.Module, args: Any) -> None:
+        active = getattr(DistributedDataParallel, "_get_active_ddp_module", lambda: None)()
+        if active is not None and active.module is model:
+            handle.remove()
+            warn_at(
+                caller,
+                f"acc.no_sync() was given the {type(model).__name__} that a "
+                f"{type(active).__name__} wraps (its .module), so backward() still "
+                f"all-reduces the gradients on every micro-step (the results are right, "
+                f"the saving is lost). Pass the wrapper itself: acc.no_sync(ddp, ...), "
+                f"the model wrap_data_parallel() returned, not its .module.",
+                GradientSyncWarning,
+            )
+
+    handle = model.register_forward_pre_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextmanager

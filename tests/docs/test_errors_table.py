@@ -432,6 +432,21 @@ def _step_autocast_dtype_name(monkeypatch: pytest.MonkeyPatch) -> object:
     return _stepping()[0].autocast("float8")
 
 
+@case("step-no-sync-ddp-module", accel.errors.GradientSyncWarning)
+def _step_no_sync_ddp_module(mp: pytest.MonkeyPatch) -> object:
+    with tempfile.TemporaryDirectory() as directory:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{directory}/store", rank=0, world_size=1
+        )
+        try:
+            ddp = nn.parallel.DistributedDataParallel(nn.Linear(3, 1))
+            with isolated_registry().get_accelerator("cpu").no_sync(ddp.module):
+                ddp(torch.ones(2, 3)).sum().backward()
+        finally:
+            dist.destroy_process_group()
+    return ddp
+
+
 @case("step-clip-model", accel.AcceleratorTypeError)
 def _step_clip_model(monkeypatch: pytest.MonkeyPatch) -> object:
     cpu, model, _ = _stepping()
@@ -778,6 +793,19 @@ def _plugin_count_raises(mp: pytest.MonkeyPatch) -> object:
     assert not info.available
     assert info.reason == "device_count failed: OSError: smi gone"
     return registry.get_accelerator("npu")
+
+
+@case("plugin-get-device-str-auto", None)
+def _plugin_get_device_str_auto(mp: pytest.MonkeyPatch) -> object:
+    nonsense = _plugin(
+        register_accelerators=lambda self: [accel.AcceleratorSpec("npu", priority=99)],
+        get_device=lambda self: "npu:0",
+    )
+    registry = isolated_registry(nonsense)
+    acc = registry.get_accelerator("auto")
+    assert acc.name == "cpu"  # npu ranks first, but names no device
+    assert _listed(registry, "npu").reason.startswith("get_device failed: PluginError: ")
+    return acc
 
 
 @case("plugin-get-device-str", accel.PluginError)
@@ -1360,6 +1388,16 @@ def _srun_task(mp: pytest.MonkeyPatch, **overrides: str) -> None:
             mp.setenv(name, value)
         else:
             mp.delenv(name, raising=False)
+
+
+@case("spmd-not-xla", DistributedSetupError)
+def _spmd_not_xla(mp: pytest.MonkeyPatch) -> object:
+    return accel.distributed.init_spmd("cpu", registry=isolated_registry())
+
+
+@case("registry-backends-auto", accel.AcceleratorValueError)
+def _registry_backends_auto(mp: pytest.MonkeyPatch) -> object:
+    return isolated_registry().distributed_backends("auto")
 
 
 @case("launch-slurm-batch-shell", DistributedSetupError)
