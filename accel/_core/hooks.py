@@ -339,7 +339,12 @@ class AcceleratorHooks:
         raise self._bad(hook_name, f"returned {_shown(result)}; expected {expected.__name__}", who)
 
     def _bad(self, hook_name: str, problem: str, who: str | None) -> Exception:
-        return _bad_result_error(hook_name, self.name, problem, self.describe(who, hook_name))
+        """The :class:`~accel.PluginError` for a result accel cannot use (``problem``:
+        ``"returned list ([]), expected dict"``), naming the plugin that gave it."""
+        return PluginError(
+            f"hook {hook_name!r} for accelerator {self.name!r} {problem}, from "
+            f"{self.describe(who, hook_name)}. {REPORT_TO_AUTHORS}"
+        )
 
     def _listed(self, hook_name: str) -> _Listed:
         """What pluggy's public ``get_hookimpls()`` says of the hook, cached until a
@@ -386,16 +391,4 @@ def no_longer_registered(accelerator: str) -> AcceleratorNotFoundError:
         requested=accelerator,
         known=[],
         suggestion=None,
-    )
-
-
-def _bad_result_error(hook_name: str, accelerator: str, problem: str, who: str) -> Exception:
-    """The :class:`~accel.PluginError` for a hook result accel cannot use.
-
-    :param problem: what is wrong, e.g. ``"returned list ([]), expected dict"``.
-    :param who: the answering plugin, as :meth:`AcceleratorHooks.describe` names it.
-    """
-    return PluginError(
-        f"hook {hook_name!r} for accelerator {accelerator!r} {problem}, from {who}. "
-        f"{REPORT_TO_AUTHORS}"
     )
