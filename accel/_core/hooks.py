@@ -17,6 +17,7 @@ from accel._core.blame import note_culprit
 from accel._core.names import describe_index_range
 from accel._core.notes import bad_result_error
 from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError
+from accel.training._restoring import restored_tensors_problem
 from accel.types import Availability, MoveContext
 
 if TYPE_CHECKING:
@@ -225,6 +226,17 @@ class AcceleratorHooks:
 
     def load(self, path: str | os.PathLike[str]) -> Any:
         return self._first("load", path=path)[0]
+
+    def restore_to_device(
+        self, tensors: list[torch.Tensor], device: torch.device
+    ) -> list[torch.Tensor] | None:
+        moved, who = self._first("restore_to_device", tensors=tensors, device=device)
+        if moved is None:
+            return None
+        problem = restored_tensors_problem(tensors, moved, device)
+        if problem is not None:
+            raise self._bad("restore_to_device", problem, who)
+        return list(moved)
 
     def rng_state(self, device: torch.device) -> Any:
         return self._first("rng_state", device=device)[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from accel.training._step_methods import TrainingStepMethods
@@ -106,7 +107,11 @@ class CheckpointMethods(TrainingStepMethods):
         stored = self._hooks.load(path)
         if state is None:
             return stored
-        remainder = restore_into(stored, state, os.fspath(path))
+        # XLA: one upload of every tensor bound for the device, not one each.
+        move = None
+        if not self._hooks.only_fallback("restore_to_device"):
+            move = partial(self._hooks.restore_to_device, device=self.device)
+        remainder = restore_into(stored, state, os.fspath(path), device=self.device, move=move)
         self.mark_step()  # XLA: the restored tensors become device data in one step
         return remainder
 

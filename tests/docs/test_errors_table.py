@@ -508,6 +508,14 @@ def _plugin_clip_float(monkeypatch: pytest.MonkeyPatch) -> object:
     return acc.clip_grad_norm_(nn.Linear(1, 1).parameters(), 1.0)
 
 
+@case("plugin-restore-wrong-count", accel.PluginError)
+def _plugin_restore_wrong_count(monkeypatch: pytest.MonkeyPatch) -> object:
+    path = Path(tempfile.mkdtemp()) / "model.pt"
+    _cpu().save(TiedLM(), path)  # the tied weight stored once: three tensors
+    plugin = _plugin(restore_to_device=lambda self: [torch.zeros(1)])
+    return isolated_registry(plugin).get_accelerator("npu").load(path, TiedLM())
+
+
 @case("plugin-grad-scaler-junk", accel.PluginError)
 def _plugin_grad_scaler_junk(monkeypatch: pytest.MonkeyPatch) -> object:
     acc = isolated_registry(_plugin(grad_scaler=lambda self: "scaler")).get_accelerator("npu")
