@@ -26,6 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from accel._core.files import fsync_directory, process_alive
 from accel.distributed._spmd_checkpoint import is_spmd, spmd_entry, spmd_load, spmd_save_planner
+from accel.training._rank_generators import (
+    gathered_generators,
+    own_generators,
+    record_placeholders,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -54,6 +59,7 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     target = Path(os.fspath(path))
     spmd = is_spmd()
     _, app_state = _app_state(state, "save_sharded", spmd)
+    app_state[_PLAIN] = gathered_generators(app_state[_PLAIN])  # every rank's generators
     if target.exists():
         raise FileExistsError(
             17,
@@ -98,6 +104,7 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
     :raises FileNotFoundError: no checkpoint at ``path``.
     """
     from torch.distributed.checkpoint import state_dict_loader
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict import (
         set_model_state_dict,
         set_optimizer_state_dict,
@@ -114,6 +121,10 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
     spmd = is_spmd()
     model, app_state = _app_state(state, "load_sharded", spmd)
 
+    # Every rank's generators were saved as one record where several ranks saved.
+    saved = FileSystemReader(str(target)).read_metadata().state_dict_metadata
+    app_state[_PLAIN] = record_placeholders(app_state[_PLAIN], saved, _PLAIN)
+
     def read(into: dict[str, Any], planner: Any) -> None:
         state_dict_loader.load(into, checkpoint_id=str(target), planner=planner)
 
@@ -121,7 +132,7 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
         spmd_load(model, state, app_state, read)
     else:
         read(app_state, _weights_only_planner())
-    plain = dict(app_state[_PLAIN])
+    plain = dict(own_generators(app_state[_PLAIN]))  # this rank's generators
     for key, value in state.items():
         if spmd and (value is model or _is_optimizer(value)):
             continue  # loaded in place by spmd_load

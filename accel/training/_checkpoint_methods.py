@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from accel.training._rank_generators import gathered_generators, own_generators
 from accel.training._step_methods import TrainingStepMethods
 
 if TYPE_CHECKING:
@@ -63,14 +64,14 @@ class CheckpointMethods(TrainingStepMethods):
 
         _check_path("save", path)
         if self._hooks.only_fallback("mark_step"):
-            self._hooks.save(storable(obj, self.state_dict), path)
+            self._hooks.save(gathered_generators(storable(obj, self.state_dict)), path)
             return
         # XLA: run what is pending so tensors cross as data. Each step mark (this one,
         # and state_dict's for every module) advances XLA's generator; put it back, so
         # that this save does not show in later draws.
         device_rng = self._hooks.rng_state(self.device)
         try:
-            stored = storable(obj, self.state_dict)
+            stored = gathered_generators(storable(obj, self.state_dict))
             self.mark_step()
             self._hooks.save(stored, path)
         finally:
@@ -104,7 +105,7 @@ class CheckpointMethods(TrainingStepMethods):
                 f"(model, optimizer, ...) or one object with load_state_dict, got "
                 f"{type(state).__name__}"
             )
-        stored = self._hooks.load(path)
+        stored = own_generators(self._hooks.load(path))  # this rank's generators
         if state is None:
             return stored
         # XLA: one upload of every tensor bound for the device, not one each.

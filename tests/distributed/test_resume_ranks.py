@@ -81,3 +81,31 @@ def test_sigterm_to_one_rank_makes_both_save_the_same_step_and_exit_0(tmp_path: 
     assert code == 0, output
     assert output.count("resumed from step-000000005.pt at step 5") == 2
     _assert_equal(_final(run), reference)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_ranks_seeded_apart_resume_with_their_own_generators(mode: str, tmp_path: Path) -> None:
+    # Dropout and the loss scale draw from generators seeded per rank: resumed with
+    # rank 0's generators (what a checkpoint used to hold), rank 1 would draw rank 0's
+    # masks and scales, and the parameters would differ.
+    code, output = _launch(mode, tmp_path / "reference", SEED_PER_RANK="1")
+    assert code == 0, output
+    run = tmp_path / "run"
+    code, output = _launch(mode, run, SEED_PER_RANK="1", KILL_AFTER_STEP="5")
+    assert code != 0, output
+    assert [p.name for p in list_checkpoints(run)] == ["step-000000003.pt"]
+    code, output = _launch(mode, run, SEED_PER_RANK="1")
+    assert code == 0, output
+    assert output.count("resumed from step-000000003.pt at step 3") == 2
+    assert "generators of" not in output  # the same world size: no resharding warning
+
+    finals = {}
+    for rank in (0, 1):
+        resumed = torch.load(run / f"final-rank{rank}.pt", weights_only=True)
+        reference = torch.load(tmp_path / "reference" / f"final-rank{rank}.pt", weights_only=True)
+        _assert_equal(resumed["model"], reference["model"])
+        for name, value in reference["rng"].items():
+            assert torch.equal(resumed["rng"][name], value), (rank, name)
+        finals[rank] = reference["rng"]
+    for name in ("torch", "python", "numpy"):  # the ranks did draw apart
+        assert not torch.equal(finals[0][name], finals[1][name]), name

@@ -31,6 +31,7 @@ import accel
 import accel.distributed
 from accel.distributed import DistributedSetupError
 from accel.plugins import tpu
+from accel.training._rank_generators import RECORD_KEY
 from helpers.fakes import MetaTpuPlugin
 from helpers.installing import write_distribution
 from helpers.models import TiedLM, UntiesOnPurpose
@@ -1201,6 +1202,14 @@ def _ckpt_rng_not_a_dict(mp: pytest.MonkeyPatch) -> object:
 @case("ckpt-rng-missing-key", ValueError)
 def _ckpt_rng_missing_key(mp: pytest.MonkeyPatch) -> object:
     return _cpu().set_rng_state({"torch": torch.get_rng_state()})
+
+
+@case("ckpt-rng-other-world-size", UserWarning)
+def _ckpt_rng_other_world_size(mp: pytest.MonkeyPatch) -> object:
+    path = Path(tempfile.mkdtemp()) / "c.pt"
+    states = (_cpu().rng_state(), _cpu().rng_state())  # what two ranks' acc.save stores
+    torch.save({"step": 1, "rng": {RECORD_KEY: states}}, path)
+    return _cpu().load(path, {})
 
 
 @case("ckpt-keep-zero", ValueError)

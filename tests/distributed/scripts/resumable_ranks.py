@@ -10,16 +10,22 @@ writes its shards). A checkpoint every 3 steps, the newest two kept, under
 
 - ``KILL_AFTER_STEP=n``: every rank SIGKILLs itself right after step ``n``;
 - ``TERM_AFTER_STEP=n``: rank 1 alone gets SIGTERM after step ``n``; both ranks must
-  save at the same step and exit 0.
+  save at the same step and exit 0;
+- ``SEED_PER_RANK=1``: once the model is built, every generator (torch, Python,
+  NumPy) is seeded by rank, and each step's loss is scaled by a draw from Python's
+  and NumPy's: the ranks' dropout masks and scales differ. Each rank then writes its
+  own ``DIR/final-rank<r>.pt``: the full parameters and its generators' final states.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import sys
 from pathlib import Path
 
+import numpy
 import torch
 from torch import nn
 
@@ -59,6 +65,11 @@ def main() -> int:
     optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+    per_rank = os.environ.get("SEED_PER_RANK") == "1"
+    if per_rank:  # after the model: its initial values stay the same on every rank
+        acc.manual_seed(1000 + rank)
+        random.seed(2000 + rank)
+        numpy.random.seed(3000 + rank)
     step = 0
     newest = latest_checkpoint(directory)
     if newest is not None:
@@ -80,6 +91,8 @@ def main() -> int:
             mine = tokens[rank * 2 : (rank + 1) * 2]
             logits = trained(mine[:, :-1])
             loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), mine[:, 1:].reshape(-1))
+            if per_rank:
+                loss = loss * (1 + random.random() / 10 + float(numpy.random.rand()) / 10)
             loss.backward()
             acc.optimizer_step(optimizer)
             optimizer.zero_grad()
@@ -107,6 +120,13 @@ def main() -> int:
         acc.save(
             {"model": full, "tied": model.head.weight is model.embed.weight}, directory / "final.pt"
         )
+        if per_rank:  # each rank its own file: acc.save writes on rank 0 only
+            generators = {
+                "torch": torch.get_rng_state(),
+                "python": torch.tensor(random.getstate()[1]),
+                "numpy": torch.from_numpy(numpy.random.get_state()[1].astype("int64")),
+            }
+            torch.save({"model": full, "rng": generators}, directory / f"final-rank{rank}.pt")
     accel.distributed.destroy_process_group()
     return 0
 
