@@ -9,8 +9,12 @@ writes its shards). A checkpoint every 3 steps, the newest two kept, under
 ``acc.preemption_guard()``; the full parameters go to ``DIR/final.pt`` at the end.
 
 - ``KILL_AFTER_STEP=n``: every rank SIGKILLs itself right after step ``n``;
+- ``KILL_RANK=r`` with ``KILL_AFTER_STEP``: only rank ``r`` SIGKILLs itself, and only in
+  torchrun's first attempt (``TORCHELASTIC_RESTART_COUNT`` 0), so that a restart runs on;
 - ``TERM_AFTER_STEP=n``: rank 1 alone gets SIGTERM after step ``n``; both ranks must
   save at the same step and exit 0;
+- ``SLOW_STEP_S=s``: a run that did not resume sleeps ``s`` seconds after each step,
+  so that a scheduler's signal finds it training (the resumed run goes at full speed);
 - ``SEED_PER_RANK=1``: once the model is built, every generator (torch, Python,
   NumPy) is seeded by rank, and each step's loss is scaled by a draw from Python's
   and NumPy's: the ranks' dropout masks and scales differ. Each rank then writes its
@@ -23,6 +27,7 @@ import os
 import random
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy
@@ -53,6 +58,10 @@ def main() -> int:
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 9
     kill_after = int(os.environ.get("KILL_AFTER_STEP", "-1"))
     term_after = int(os.environ.get("TERM_AFTER_STEP", "-1"))
+    kill_rank = os.environ.get("KILL_RANK")
+    if kill_rank is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        kill_after = -1  # restarted by torchrun: run to the end
+    slow_step_s = float(os.environ.get("SLOW_STEP_S", "0"))
     directory.mkdir(parents=True, exist_ok=True)
     context = accel.distributed.init_process_group("cpu", timeout=60)
     acc, rank = context.accelerator, context.rank
@@ -81,6 +90,7 @@ def main() -> int:
         step = remainder["step"]
         acc.set_rng_state(remainder["rng"])
         print(f"rank {rank} resumed from {newest.name} at step {step}", flush=True)
+        slow_step_s = 0.0
 
     data = torch.Generator().manual_seed(7)
     for _ in range(step):  # the data order continues where it stopped
@@ -98,8 +108,9 @@ def main() -> int:
             optimizer.zero_grad()
             scheduler.step()
             step += 1
-            if step == kill_after:
+            if step == kill_after and kill_rank in (None, str(rank)):
                 os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(slow_step_s)
             if step == term_after and rank == 1:
                 os.kill(os.getpid(), signal.SIGTERM)
             requested = guard.requested  # every rank reads it at every step
@@ -114,6 +125,8 @@ def main() -> int:
                     prune_checkpoints(directory, keep=2)
             if requested:
                 print(f"rank {rank} preempted: saved step {step}", flush=True)
+                noted = "nothing" if guard.received is None else signal.Signals(guard.received).name
+                print(f"rank {rank} noted {noted}", flush=True)
                 break
     if step == steps:
         full = {name: _full(p) for name, p in model.named_parameters(remove_duplicate=False)}
