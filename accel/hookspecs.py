@@ -30,8 +30,7 @@ from accel.markers import hookspec
 if TYPE_CHECKING:
     import torch
 
-    from accel.training.memory import MemoryStats
-    from accel.types import AcceleratorSpec, Availability, MoveContext
+    from accel.types import AcceleratorSpec, Availability, MemoryStats, MoveContext
 
 __all__ = [
     "autocast",
@@ -241,6 +240,8 @@ def optimizer_step(
     their work *around* that step, as a wrapper: the TPU plugin reduces gradients
     across replicas before it (those :func:`clip_grad_norm_` reduced excepted) and
     marks the XLA step after it (inside a ``device_loader`` loop, at the next batch).
+    A ``closure`` computes the gradients inside the step: work on them belongs after
+    each call of it (the TPU plugin steps with a closure that reduces after yours).
     A plain implementation that returns ``None`` lets the fallback step; one that
     steps itself must return a value other than ``None`` (or the fallback steps a
     second time), so prefer a wrapper. Example::
@@ -271,13 +272,13 @@ def clip_grad_norm_(
     reduced across replicas *in* the step, reduce them here first, or every replica
     clips its own unreduced gradients, and make the step not reduce them again: the
     TPU plugin does both. *First result*: the fallback is
-    :func:`accel.training.clipping.clip_grad_norm` (torch's ``clip_grad_norm_``, with
+    :func:`accel.training.step.clip_grad_norm` (torch's ``clip_grad_norm_``, with
     FSDP2's sharded norm reduced to a plain tensor). Example::
 
         @accel.hookimpl
         def clip_grad_norm_(parameters, max_norm, norm_type):
             my_runtime.all_reduce_gradients(parameters)
-            return accel.training.clipping.clip_grad_norm(parameters, max_norm, norm_type)
+            return accel.training.step.clip_grad_norm(parameters, max_norm, norm_type)
     """
     raise NotImplementedError
 
@@ -291,7 +292,7 @@ def no_sync(
 
     ``enabled`` is ``False`` on the micro-step that must sync (the last); return a
     context that changes nothing then. *First result*: the fallback
-    (:func:`accel.training.accumulation.gradient_sync_paused`) uses DDP's
+    (:func:`accel.training.step.gradient_sync_paused`) uses DDP's
     ``no_sync()``, FSDP2's ``set_requires_gradient_sync(False)``, and nothing for a
     plain model. Implement it for a runtime that reduces gradients in ``backward()``
     in a way of its own. Example::

@@ -24,8 +24,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accel._core.files import fsync_directory, process_alive
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from accel._util.files import fsync_directory, process_alive
 from accel.distributed._spmd_checkpoint import is_spmd, spmd_entry, spmd_load, spmd_save_planner
+from accel.errors import (
+    AcceleratorFileExistsError,
+    AcceleratorFileNotFoundError,
+    AcceleratorTypeError,
+)
 from accel.training._rank_generators import (
     gathered_generators,
     own_generators,
@@ -53,15 +71,13 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     :raises FileExistsError: ``path`` exists already (sharded checkpoints are written
         once: name them by step with :func:`accel.training.retention.checkpoint_path`).
     """
-    import torch.distributed as dist
-    from torch.distributed.checkpoint import state_dict_saver
 
     target = Path(os.fspath(path))
     spmd = is_spmd()
     _, app_state = _app_state(state, "save_sharded", spmd)
     app_state[_PLAIN] = gathered_generators(app_state[_PLAIN])  # every rank's generators
     if target.exists():
-        raise FileExistsError(
+        raise AcceleratorFileExistsError(
             17,
             f"save_sharded: {str(target)!r} exists already; a sharded checkpoint is written "
             f"once, so save each one to a new path (checkpoint_path(directory, step))",
@@ -103,16 +119,9 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
 
     :raises FileNotFoundError: no checkpoint at ``path``.
     """
-    from torch.distributed.checkpoint import state_dict_loader
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
-    from torch.distributed.checkpoint.state_dict import (
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
     target = Path(os.fspath(path))
     if not (target / ".metadata").is_file():
-        raise FileNotFoundError(
+        raise AcceleratorFileNotFoundError(
             2,
             f"load_sharded: there is no sharded checkpoint at {str(target)!r} (no "
             f".metadata); check the path, or find the newest with latest_checkpoint()",
@@ -150,9 +159,6 @@ def _weights_only_planner() -> Any:
     :meth:`Accelerator.load` reads a file: ``weights_only``, so nothing in it runs."""
     import io
 
-    import torch
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-
     class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             data = value.getvalue()
@@ -165,17 +171,13 @@ def _weights_only_planner() -> Any:
 def _app_state(
     state: Mapping[str, Any], caller: str, spmd: bool
 ) -> tuple[nn.Module, dict[str, Any]]:
-    from torch import nn
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
     if not isinstance(state, Mapping):
-        raise TypeError(f"{caller} expects a dict of the run's objects, got {type(state).__name__}")
+        raise AcceleratorTypeError(
+            f"{caller} expects a dict of the run's objects, got {type(state).__name__}"
+        )
     modules = [key for key, value in state.items() if isinstance(value, nn.Module)]
     if len(modules) != 1:
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"{caller} expects exactly one module in state (the optimizers' model), got "
             f"{len(modules)}: {modules}; save other models in checkpoints of their own"
         )
@@ -196,8 +198,6 @@ def _app_state(
 
 
 def _is_optimizer(value: object) -> bool:
-    import torch
-
     return isinstance(value, torch.optim.Optimizer)
 
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from accel.distributed._launchers import LaunchEnvironment
+import torch.distributed as dist
+
+from accel.distributed._launchers import LaunchEnvironment
 
 __all__ = ["attempt_store"]
 
@@ -28,8 +29,6 @@ def attempt_store(environment: LaunchEnvironment, timeout: datetime.timedelta | 
     """A client of torchrun's agent store whose keys live under this attempt's prefix;
     ``None`` where the workers do not share the agent's store (rank 0 then starts a
     store of its own, new at every attempt)."""
-    import torch.distributed as dist
-
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
         return None
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

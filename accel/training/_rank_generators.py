@@ -13,7 +13,8 @@ generators. Here, when a job of several ranks saves, every value shaped like
 and loading replaces each record by the loading rank's own state. On another world
 size, rank ``r`` gets saved rank ``r``'s state where there is one; a rank beyond the
 saved ones gets rank 0's (its draws then repeat rank 0's), and every rank warns that
-the world size changed. A lone process (no group) is rank 0 of a world of one.
+the world size changed (:class:`~accel.errors.RankGeneratorsWarning`, at the caller's
+line). A lone process (no group) is rank 0 of a world of one.
 
 The gather is ``all_gather_object`` (every rank ends with the same record: DCP may
 keep any rank's copy of a plain value), a few kilobytes per rank per save.
@@ -22,10 +23,13 @@ keep any rank's copy of a plain value), a few kilobytes per rank per save.
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Container, Mapping
 from typing import Any, Final
 
+import torch.distributed as dist
+
+from accel._util.warn import warn_at_caller
+from accel.errors import RankGeneratorsWarning
 from accel.training.rng import RNG_KEYS
 
 __all__ = ["RECORD_KEY", "gathered_generators", "own_generators", "record_placeholders"]
@@ -42,8 +46,6 @@ def gathered_generators(obj: Any) -> Any:
     ranks. Collective: every rank must call it (``acc.save`` and ``save_sharded``
     are called on every rank). A rank without a value where another has one is
     stored as ``None``, and gets rank 0's back."""
-    import torch.distributed as dist
-
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return obj
     if dist.get_backend() == "xla":
@@ -68,8 +70,6 @@ def own_generators(obj: Any, rank: int | None = None, world_size: int | None = N
     if not paths:
         return obj
     if rank is None or world_size is None:
-        import torch.distributed as dist
-
         grouped = dist.is_available() and dist.is_initialized()
         rank = dist.get_rank() if grouped else 0
         world_size = dist.get_world_size() if grouped else 1
@@ -78,7 +78,8 @@ def own_generators(obj: Any, rank: int | None = None, world_size: int | None = N
         states = _at(obj, path)[RECORD_KEY]
         own = states[rank] if rank < len(states) else None
         if len(states) != world_size or own is None:
-            warnings.warn(_resharded(len(states), world_size, rank, own is None), stacklevel=3)
+            message = _resharded(len(states), world_size, rank, own is None)
+            warn_at_caller(message, RankGeneratorsWarning)
         # Rank 0's, or the first saved rank's where rank 0 had none at this place.
         chosen[path] = own if own is not None else next(s for s in states if s is not None)
     return _replaced(obj, chosen)

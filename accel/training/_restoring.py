@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    import torch
+import torch
+from torch import nn
 
 __all__ = ["moved_for_restore", "restored_tensors_problem"]
 
@@ -64,10 +64,11 @@ def moved_for_restore(
     return result
 
 
-def restored_tensors_problem(tensors: list[Any], moved: Any, device: torch.device) -> str | None:
-    """What is wrong with ``moved`` as the device copies of ``tensors``, or ``None``."""
-    import torch
-
+def restored_tensors_problem(tensors: list[Any], moved: Any, *, device: torch.device) -> str | None:
+    """What is wrong with ``moved`` as the device copies of ``tensors``, or ``None``
+    (``moved`` is ``None``: no plugin uploads them, ``load_state_dict`` will)."""
+    if moved is None:
+        return None
     if not isinstance(moved, (list, tuple)) or len(moved) != len(tensors):
         got = f"{len(moved)} values" if isinstance(moved, (list, tuple)) else type(moved).__name__
         return f"returned {got} for {len(tensors)} tensors; expected a list of the device copies"
@@ -88,9 +89,6 @@ def _plan(
 ) -> Callable[[dict[int, Any]], Any] | None:
     """Pick ``stored``'s device-bound tensors into ``picked``; return how to rebuild
     ``stored`` around their device copies (``None``: nothing picked)."""
-    import torch
-    from torch import nn
-
     if isinstance(target, nn.Module) and isinstance(stored, Mapping):
         current = target.state_dict()
         names = [
@@ -141,8 +139,6 @@ def _plan(
 def _fits(value: Any, destination: Any, device: torch.device, *, same_shape: bool) -> bool:
     """Whether ``load_state_dict`` would copy host tensor ``value`` to ``device`` as it
     is, into (or beside) ``destination``."""
-    import torch
-
     if not (isinstance(value, torch.Tensor) and isinstance(destination, torch.Tensor)):
         return False
     if value.device.type != "cpu" or destination.device != device:
@@ -157,8 +153,6 @@ def _fits(value: Any, destination: Any, device: torch.device, *, same_shape: boo
 
 
 def _loads_as_torch_does(optimizer: Any) -> bool:
-    import torch
-
     kind = type(optimizer)
     base = torch.optim.Optimizer
     return kind.load_state_dict is base.load_state_dict and (

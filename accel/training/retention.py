@@ -16,6 +16,8 @@ import shutil
 from pathlib import Path
 from typing import Final
 
+from accel.errors import AcceleratorValueError
+
 __all__ = ["checkpoint_path", "latest_checkpoint", "list_checkpoints", "prune_checkpoints"]
 
 _NAME: Final = re.compile(r"^step-(\d+)\.pt$")
@@ -27,7 +29,7 @@ def checkpoint_path(directory: str | os.PathLike[str], step: int) -> Path:
     :raises ValueError: ``step`` is negative.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"checkpoint_path: step must be an int >= 0, got {step!r}")
+        raise AcceleratorValueError(f"checkpoint_path: step must be an int >= 0, got {step!r}")
     return Path(os.fspath(directory)) / f"step-{step:09d}.pt"
 
 
@@ -62,7 +64,7 @@ def prune_checkpoints(directory: str | os.PathLike[str], keep: int) -> list[Path
     :raises ValueError: ``keep`` is below 1 (the newest checkpoint is always kept).
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"prune_checkpoints: keep must be an int >= 1 (the newest checkpoint is always "
             f"kept), got {keep!r}"
         )

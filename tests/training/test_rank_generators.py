@@ -1,8 +1,8 @@
 """Every rank's generators in a checkpoint: outside a job of several ranks a save stores
 ``acc.rng_state()`` as it is; a record of several ranks' states gives each loading rank
 its own, and on another world size a rank that was not saved gets rank 0's, with a
-warning. (The saves of two gloo ranks: tests/distributed/test_resume_ranks.py and
-test_sharded_reshard.py.)"""
+RankGeneratorsWarning at the caller's line. (The saves of two gloo ranks:
+tests/distributed/test_resume_ranks.py and test_sharded_reshard.py.)"""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import accel
+from accel.errors import RankGeneratorsWarning
 from accel.training._rank_generators import (
     RECORD_KEY,
     gathered_generators,
@@ -64,21 +65,25 @@ def test_each_rank_of_the_saved_world_gets_its_own(acc: accel.Accelerator, rank:
 
 def test_on_fewer_ranks_each_gets_its_own_and_is_told(acc: accel.Accelerator) -> None:
     states = _states(acc, 4)
-    with pytest.warns(UserWarning, match=r"generators of 4 rank\(s\), but this job has 2: "):
+    with pytest.warns(
+        RankGeneratorsWarning, match=r"generators of 4 rank\(s\), but this job has 2: "
+    ):
         loaded = own_generators(_stored(states), 1, 2)
     assert torch.equal(loaded["rng"]["torch"], states[1]["torch"])
 
 
 def test_a_rank_beyond_the_saved_ones_gets_rank_0s(acc: accel.Accelerator) -> None:
     states = _states(acc, 2)
-    with pytest.warns(UserWarning, match="rank 3 was not saved, so it gets rank 0's generators"):
+    with pytest.warns(
+        RankGeneratorsWarning, match="rank 3 was not saved, so it gets rank 0's generators"
+    ):
         loaded = own_generators(_stored(states), 3, 4)
     assert torch.equal(loaded["rng"]["torch"], states[0]["torch"])
 
 
 def test_a_rank_that_had_no_value_there_gets_rank_0s(acc: accel.Accelerator) -> None:
     states = _states(acc, 2)
-    with pytest.warns(UserWarning, match="rank 1 was not saved"):
+    with pytest.warns(RankGeneratorsWarning, match="rank 1 was not saved"):
         loaded = own_generators({"rng": {RECORD_KEY: (states[0], None)}}, 1, 2)
     assert torch.equal(loaded["rng"]["torch"], states[0]["torch"])
 
@@ -88,8 +93,10 @@ def test_a_lone_process_resuming_a_two_rank_checkpoint_is_rank_0(
 ) -> None:
     states = _states(acc, 2)
     torch.save(_stored(states), tmp_path / "c.pt")
-    with pytest.warns(UserWarning, match=r"2 rank\(s\), but this job has 1: rank 0 gets its own"):
+    expected = r"2 rank\(s\), but this job has 1: rank 0 gets its own"
+    with pytest.warns(RankGeneratorsWarning, match=expected) as record:
         remainder = acc.load(tmp_path / "c.pt", {})
+    assert record[0].filename == __file__  # the line that called load
     acc.set_rng_state(remainder["rng"])
     assert torch.equal(torch.get_rng_state(), states[0]["torch"])
 
