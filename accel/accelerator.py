@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any, TypeVar, final
 
 import torch
@@ -14,6 +15,7 @@ from accel._core.hooks import AcceleratorHooks
 from accel._core.moving import move_model
 from accel._util.notes import add_note
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
+from accel.training._rank_generators import gathered_generators, own_generators
 from accel.training.checkpoint import checked_path, checked_state, restore_into, storable
 from accel.training.device_loader import DeviceLoader
 from accel.training.precision import full_precision, requested_dtype
@@ -368,14 +370,14 @@ class Accelerator:
         """
         checked_path("save", path)
         if not self._hooks.marks_steps:
-            self._hooks.save(storable(obj, self.state_dict), path)
+            self._hooks.save(gathered_generators(storable(obj, self.state_dict)), path)
             return
         # XLA: run what is pending so tensors cross as data. Each step mark (this one,
         # and state_dict's for every module) advances XLA's generator; put it back, so
         # that this save does not show in later draws.
         device_rng = self._hooks.rng_state(self.device)
         try:
-            stored = storable(obj, self.state_dict)
+            stored = gathered_generators(storable(obj, self.state_dict))
             self.mark_step()
             self._hooks.save(stored, path)
         finally:
@@ -402,10 +404,13 @@ class Accelerator:
         """
         checked_path("load", path)
         checked_state(state)
-        stored = self._hooks.load(path)
+        stored = own_generators(self._hooks.load(path))  # this rank's generators
         if state is None:
             return stored
-        remainder = restore_into(stored, state, os.fspath(path))
+        # XLA: one upload of every tensor bound for the device, not one each (without a
+        # restore_to_device hook, load_state_dict copies each into place).
+        move = partial(self._hooks.restore_to_device, device=self.device)
+        remainder = restore_into(stored, state, os.fspath(path), device=self.device, move=move)
         self.mark_step()  # XLA: the restored tensors become device data in one step
         return remainder
 

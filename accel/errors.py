@@ -161,6 +161,12 @@ class GradientSyncWarning(UserWarning):
     ``backward()`` all-reduces all the same. Pass the wrapper, ``acc.no_sync(ddp)``."""
 
 
+class RankGeneratorsWarning(UserWarning):
+    """A checkpoint holds the random generators of another number of ranks than the
+    job that loads it: rank ``r`` gets saved rank ``r``'s, a rank beyond the saved
+    ones rank 0's, and the draws after this resume differ from an uninterrupted run."""
+
+
 class TyingWarning(UserWarning):
     """A move kept the model's ties as they were before it, though something asked
     otherwise: the model's own ``tie_weights()`` would have changed them.

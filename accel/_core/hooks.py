@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar, final
 
 import torch
@@ -20,17 +21,15 @@ from accel._core.blame import note_culprit
 from accel._util.names import describe_index_range
 from accel._util.notes import REPORT_TO_AUTHORS
 from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError, PluginError
+from accel.training._restoring import restored_tensors_problem
 from accel.training.memory import memory_stats_problem
 from accel.tying._keeping import MOVED_BY_NOTE
-from accel.types import Availability, MoveContext
+from accel.types import Availability, MemoryStats, MoveContext
 
 if TYPE_CHECKING:
     import os
 
     import pluggy
-    import torch
-
-    from accel.types import MemoryStats
 
 __all__ = ["FALLBACKS_NAME", "AcceleratorHooks", "no_longer_registered"]
 
@@ -223,11 +222,7 @@ class AcceleratorHooks:
         return self._context("autocast", device=device, dtype=dtype)
 
     def memory_stats(self, device: torch.device) -> MemoryStats:
-        result, who = self._first("memory_stats", device=device)
-        problem = memory_stats_problem(result)
-        if problem is not None:
-            raise self._bad("memory_stats", problem, who)
-        return result  # type: ignore[no-any-return]
+        return self._vetted("memory_stats", memory_stats_problem, device=device)  # type: ignore[no-any-return]
 
     def device_loader(
         self, loader: Iterable[Any], device: torch.device, move: Callable[[Any], Any]
@@ -247,6 +242,10 @@ class AcceleratorHooks:
 
     def load(self, path: str | os.PathLike[str]) -> Any:
         return self._first("load", path=path)[0]
+
+    def restore_to_device(self, tensors: list[torch.Tensor], device: torch.device) -> Any:
+        problem = partial(restored_tensors_problem, tensors, device=device)
+        return self._vetted("restore_to_device", problem, tensors=tensors, device=device)
 
     def rng_state(self, device: torch.device) -> Any:
         return self._first("rng_state", device=device)[0]
@@ -337,6 +336,13 @@ class AcceleratorHooks:
         if isinstance(result, expected) and not (isinstance(result, bool) and expected is int):
             return result
         raise self._bad(hook_name, f"returned {_shown(result)}; expected {expected.__name__}", who)
+
+    def _vetted(self, hook_name: str, problem: Callable[[Any], str | None], **kwargs: Any) -> Any:
+        """A first-result hook's answer, unless ``problem`` finds it wrong (then raised)."""
+        result, who = self._first(hook_name, **kwargs)
+        if (found := problem(result)) is not None:
+            raise self._bad(hook_name, found, who)
+        return result
 
     def _bad(self, hook_name: str, problem: str, who: str | None) -> Exception:
         """The :class:`~accel.PluginError` for a result accel cannot use (``problem``:

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -42,6 +43,11 @@ from accel.errors import (
     AcceleratorFileExistsError,
     AcceleratorFileNotFoundError,
     AcceleratorTypeError,
+)
+from accel.training._rank_generators import (
+    gathered_generators,
+    own_generators,
+    record_placeholders,
 )
 
 if TYPE_CHECKING:
@@ -69,6 +75,7 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     target = Path(os.fspath(path))
     spmd = is_spmd()
     _, app_state = _app_state(state, "save_sharded", spmd)
+    app_state[_PLAIN] = gathered_generators(app_state[_PLAIN])  # every rank's generators
     if target.exists():
         raise AcceleratorFileExistsError(
             17,
@@ -112,7 +119,6 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
 
     :raises FileNotFoundError: no checkpoint at ``path``.
     """
-
     target = Path(os.fspath(path))
     if not (target / ".metadata").is_file():
         raise AcceleratorFileNotFoundError(
@@ -124,6 +130,10 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
     spmd = is_spmd()
     model, app_state = _app_state(state, "load_sharded", spmd)
 
+    # Every rank's generators were saved as one record where several ranks saved.
+    saved = FileSystemReader(str(target)).read_metadata().state_dict_metadata
+    app_state[_PLAIN] = record_placeholders(app_state[_PLAIN], saved, _PLAIN)
+
     def read(into: dict[str, Any], planner: Any) -> None:
         state_dict_loader.load(into, checkpoint_id=str(target), planner=planner)
 
@@ -131,7 +141,7 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
         spmd_load(model, state, app_state, read)
     else:
         read(app_state, _weights_only_planner())
-    plain = dict(app_state[_PLAIN])
+    plain = dict(own_generators(app_state[_PLAIN]))  # this rank's generators
     for key, value in state.items():
         if spmd and (value is model or _is_optimizer(value)):
             continue  # loaded in place by spmd_load

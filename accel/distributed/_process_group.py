@@ -18,6 +18,7 @@ from accel.distributed._backends import device_backends, group_backend, memory_s
 from accel.distributed._devices import local_accelerator
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._launchers import LaunchEnvironment, read_launch_environment
+from accel.distributed._restarts import attempt_store
 from accel.distributed._xla_group import start_xla_group
 from accel.errors import AcceleratorValueError
 
@@ -151,8 +152,13 @@ def _start_group(
         dist.init_process_group(backend, store=memory_store(), rank=0, world_size=1, **options)
         return
     if environment.launcher == "torchrun":
-        # env:// under torchrun joins the store its agent already runs.
-        options["init_method"] = "env://"
+        # The store torchrun's agent runs, under this attempt's prefix (a restarted
+        # job must not read the keys of the attempt before); else env:// joins it.
+        store = attempt_store(environment, timeout)
+        if store is None:
+            options["init_method"] = "env://"
+        else:
+            options["store"] = store
     else:
         host = environment.master_addr
         host = f"[{host}]" if ":" in host else host  # an IPv6 address

@@ -27,6 +27,7 @@ from accel.errors import (
     AcceleratorTypeError,
     AcceleratorValueError,
 )
+from accel.training._restoring import Move, moved_for_restore
 from accel.training._storing import check_loadable, convert_stateful
 from accel.training.atomic import atomic_save
 from accel.training.nested import map_nested
@@ -170,7 +171,14 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
         raise _not_a_checkpoint(name, exc) from exc
 
 
-def restore_into(stored: Any, state: Any, path: str) -> dict[str, Any]:
+def restore_into(
+    stored: Any,
+    state: Any,
+    path: str,
+    *,
+    device: torch.device | None = None,
+    move: Move | None = None,
+) -> dict[str, Any]:
     """Load ``stored[key]`` into every value of ``state`` with ``load_state_dict``, in
     place; return the stored entries that were not loaded into anything.
 
@@ -183,13 +191,20 @@ def restore_into(stored: Any, state: Any, path: str) -> dict[str, Any]:
     or shapes differ or an optimizer whose parameter groups differ leaves every object
     as it was.
 
+    With ``move`` (the ``restore_to_device`` hook), the tensors ``load_state_dict``
+    would copy to ``device`` unchanged are copied there first, in one call of ``move``
+    (:mod:`accel.training._restoring`).
+
     :raises KeyError: a key of ``state`` is not in the file.
     :raises ValueError: the file holds no dict, or a module's keys or shapes differ, or
         an optimizer's parameter groups.
     """
     if not isinstance(state, Mapping):  # one object, saved on its own
         _check_entry(None, state, stored, path)
-        _target(state).load_state_dict(stored)
+        target = _target(state)
+        if move is not None and device is not None:
+            stored = moved_for_restore({None: target}, {None: stored}, device, move)[None]
+        target.load_state_dict(stored)
         return {}
     if not isinstance(stored, Mapping):
         raise AcceleratorValueError(
@@ -210,8 +225,12 @@ def restore_into(stored: Any, state: Any, path: str) -> dict[str, Any]:
 
     # Modules first: an optimizer puts its state on its parameters' device.
     order = sorted(targets, key=lambda key: not isinstance(targets[key], nn.Module))
+    loaded = {key: stored[key] for key in targets}
+    if move is not None and device is not None:
+        unwrapped = {key: _target(target) for key, target in targets.items()}
+        loaded = moved_for_restore(unwrapped, loaded, device, move)
     for key in order:
-        _target(targets[key]).load_state_dict(stored[key])
+        _target(targets[key]).load_state_dict(loaded[key])
     return {key: value for key, value in stored.items() if key not in targets}
 
 

@@ -32,6 +32,7 @@ import accel.distributed
 import accel.distributed._launchers as launchers
 from accel.distributed import DistributedSetupError
 from accel.plugins import tpu
+from accel.training._rank_generators import RECORD_KEY
 from helpers.fake_torch_xla import pretend_torch_xla
 from helpers.fakes import MetaTpuPlugin
 from helpers.installing import write_distribution
@@ -509,6 +510,14 @@ def _plugin_compile_backend_int(monkeypatch: pytest.MonkeyPatch) -> object:
 def _plugin_clip_float(monkeypatch: pytest.MonkeyPatch) -> object:
     acc = isolated_registry(_plugin(clip_grad_norm_=lambda self: 1.5)).get_accelerator("npu")
     return acc.clip_grad_norm_(nn.Linear(1, 1).parameters(), 1.0)
+
+
+@case("plugin-restore-wrong-count", accel.PluginError)
+def _plugin_restore_wrong_count(monkeypatch: pytest.MonkeyPatch) -> object:
+    path = Path(tempfile.mkdtemp()) / "model.pt"
+    _cpu().save(TiedLM(), path)  # the tied weight stored once: three tensors
+    plugin = _plugin(restore_to_device=lambda self: [torch.zeros(1)])
+    return isolated_registry(plugin).get_accelerator("npu").load(path, TiedLM())
 
 
 @case("plugin-grad-scaler-junk", accel.PluginError)
@@ -1209,6 +1218,14 @@ def _ckpt_rng_not_a_dict(mp: pytest.MonkeyPatch) -> object:
 @case("ckpt-rng-missing-key", accel.AcceleratorValueError)
 def _ckpt_rng_missing_key(mp: pytest.MonkeyPatch) -> object:
     return _cpu().set_rng_state({"torch": torch.get_rng_state()})
+
+
+@case("ckpt-rng-other-world-size", accel.errors.RankGeneratorsWarning)
+def _ckpt_rng_other_world_size(mp: pytest.MonkeyPatch) -> object:
+    path = Path(tempfile.mkdtemp()) / "c.pt"
+    states = (_cpu().rng_state(), _cpu().rng_state())  # what two ranks' acc.save stores
+    torch.save({"step": 1, "rng": {RECORD_KEY: states}}, path)
+    return _cpu().load(path, {})
 
 
 @case("ckpt-keep-zero", accel.AcceleratorValueError)
