@@ -12,14 +12,21 @@ only when a name that needs them is first used.
 
 from __future__ import annotations
 
-import importlib
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from accel._util.lazy import lazy_names
 from accel.errors import (
     AcceleratorError,
+    AcceleratorFileExistsError,
+    AcceleratorFileNotFoundError,
+    AcceleratorKeyError,
     AcceleratorNotFoundError,
+    AcceleratorOSError,
+    AcceleratorRuntimeError,
+    AcceleratorTypeError,
     AcceleratorUnavailableError,
+    AcceleratorValueError,
     PluginError,
     PluginWarning,
     TyingWarning,
@@ -34,6 +41,7 @@ if TYPE_CHECKING:
         AcceleratorInfo,
         AcceleratorSpec,
         Availability,
+        MemoryStats,
         MoveContext,
         PluginFailure,
         TieCheck,
@@ -44,12 +52,20 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "Accelerator",
     "AcceleratorError",
+    "AcceleratorFileExistsError",
+    "AcceleratorFileNotFoundError",
     "AcceleratorInfo",
+    "AcceleratorKeyError",
     "AcceleratorNotFoundError",
+    "AcceleratorOSError",
     "AcceleratorRegistry",
+    "AcceleratorRuntimeError",
     "AcceleratorSpec",
+    "AcceleratorTypeError",
     "AcceleratorUnavailableError",
+    "AcceleratorValueError",
     "Availability",
+    "MemoryStats",
     "MoveContext",
     "PluginError",
     "PluginFailure",
@@ -72,6 +88,7 @@ _LAZY_NAMES = {
     "AcceleratorInfo": "accel.types",
     "AcceleratorSpec": "accel.types",
     "Availability": "accel.types",
+    "MemoryStats": "accel.types",
     "MoveContext": "accel.types",
     "PluginFailure": "accel.types",
     "TieCheck": "accel.types",
@@ -79,18 +96,7 @@ _LAZY_NAMES = {
     "hookspec": "accel.markers",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY_NAMES.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'accel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(globals(), _LAZY_NAMES, __all__)
 
 
 _default_registry: AcceleratorRegistry | None = None
@@ -113,12 +119,19 @@ def default_registry() -> AcceleratorRegistry:
     return _default_registry
 
 
-def get_accelerator(name: str | None = None, *, tie_check: TieCheck = "error") -> Accelerator:
+def get_accelerator(
+    name: str | Accelerator | None = None, *, tie_check: TieCheck = "error"
+) -> Accelerator:
     """Select an accelerator from the default registry.
 
     See :meth:`AcceleratorRegistry.get_accelerator`: ``name`` may be a name, an
-    alias, ``"name:index"`` or ``"auto"``; ``None`` reads ``$ACCEL_ACCELERATOR``.
+    alias, ``"name:index"`` or ``"auto"``; ``None`` reads ``$ACCEL_ACCELERATOR``. A
+    handle (from any registry) is returned as it is.
     """
+    from accel.accelerator import Accelerator  # torch-free until a handle is asked for
+
+    if isinstance(name, Accelerator):
+        return name
     return default_registry().get_accelerator(name, tie_check=tie_check)
 
 

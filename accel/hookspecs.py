@@ -30,8 +30,7 @@ from accel.markers import hookspec
 if TYPE_CHECKING:
     import torch
 
-    from accel.training.memory import MemoryStats
-    from accel.types import AcceleratorSpec, Availability, MoveContext
+    from accel.types import AcceleratorSpec, Availability, MemoryStats, MoveContext
 
 __all__ = [
     "autocast",
@@ -54,6 +53,7 @@ __all__ = [
     "post_move_hook",
     "pre_move_hook",
     "register_accelerators",
+    "restore_to_device",
     "rng_state",
     "save",
     "set_rng_state",
@@ -240,6 +240,8 @@ def optimizer_step(
     their work *around* that step, as a wrapper: the TPU plugin reduces gradients
     across replicas before it (those :func:`clip_grad_norm_` reduced excepted) and
     marks the XLA step after it (inside a ``device_loader`` loop, at the next batch).
+    A ``closure`` computes the gradients inside the step: work on them belongs after
+    each call of it (the TPU plugin steps with a closure that reduces after yours).
     A plain implementation that returns ``None`` lets the fallback step; one that
     steps itself must return a value other than ``None`` (or the fallback steps a
     second time), so prefer a wrapper. Example::
@@ -270,13 +272,13 @@ def clip_grad_norm_(
     reduced across replicas *in* the step, reduce them here first, or every replica
     clips its own unreduced gradients, and make the step not reduce them again: the
     TPU plugin does both. *First result*: the fallback is
-    :func:`accel.training.clipping.clip_grad_norm` (torch's ``clip_grad_norm_``, with
+    :func:`accel.training.step.clip_grad_norm` (torch's ``clip_grad_norm_``, with
     FSDP2's sharded norm reduced to a plain tensor). Example::
 
         @accel.hookimpl
         def clip_grad_norm_(parameters, max_norm, norm_type):
             my_runtime.all_reduce_gradients(parameters)
-            return accel.training.clipping.clip_grad_norm(parameters, max_norm, norm_type)
+            return accel.training.step.clip_grad_norm(parameters, max_norm, norm_type)
     """
     raise NotImplementedError
 
@@ -290,7 +292,7 @@ def no_sync(
 
     ``enabled`` is ``False`` on the micro-step that must sync (the last); return a
     context that changes nothing then. *First result*: the fallback
-    (:func:`accel.training.accumulation.gradient_sync_paused`) uses DDP's
+    (:func:`accel.training.step.gradient_sync_paused`) uses DDP's
     ``no_sync()``, FSDP2's ``set_requires_gradient_sync(False)``, and nothing for a
     plain model. Implement it for a runtime that reduces gradients in ``backward()``
     in a way of its own. Example::
@@ -518,6 +520,31 @@ def load(accelerator: str, path: str | os.PathLike[str]) -> Any:
         def load(path):
             my_runtime.prefetch(path)
             return None  # then let the fallback read it
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def restore_to_device(
+    accelerator: str, tensors: list[torch.Tensor], device: torch.device
+) -> list[torch.Tensor] | None:
+    """Copy the host tensors of a checkpoint being restored to ``device`` together;
+    return the device tensors, in the same order.
+
+    ``acc.load(path, state)`` asks it once, after every check passed, with each
+    distinct tensor that ``load_state_dict`` would copy to ``device`` unchanged (a
+    module's parameters and buffers of the same dtype, an optimizer's state but its
+    ``step``); the modules and optimizers then load the device tensors, so a
+    parameter's ``copy_`` is a copy on the device. Implement it where one transfer of
+    many tensors is much faster than one each, and where a parameter loaded from a
+    device tensor takes its place without a second copy: on XLA one upload for the
+    lot replaces a synchronous upload per tensor. *First result*: with no answer
+    (there is no fallback), ``load_state_dict`` copies each host tensor into place.
+    Example::
+
+        @accel.hookimpl
+        def restore_to_device(tensors, device):
+            return my_runtime.upload_all(tensors, device)
     """
     raise NotImplementedError
 

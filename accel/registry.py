@@ -1,26 +1,29 @@
 """The accelerator registry: a set of plugins and the way to select among them.
 
 A small facade over four parts, each owning its own state (see docs/architecture.md):
-the catalog of accelerators and names (:mod:`accel._core.catalog`), the entry-point
-loader (:mod:`accel._core.loading`), hook dispatch with one pluggy manager per accelerator
-(:mod:`accel._core.dispatch`), and selection (:mod:`accel._core.selection`). Two registries in
-one process share nothing. Plugins load on first use, never at ``import accel``.
+the catalog of accelerators and names (:mod:`accel._registry.catalog`), the
+entry-point loader (:mod:`accel._registry.loading`), hook dispatch with one pluggy
+manager per accelerator (:mod:`accel._registry.dispatch`), and selection
+(:mod:`accel._registry.selection`). Two registries in one process share nothing.
+Plugins load on first use, never at ``import accel``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple, final
 
-from accel._core.catalog import BUILTIN_PROVIDER, Catalog, Conflict
-from accel._core.declarations import check_plugin_object, declared_specs, plugin_label
-from accel._core.dispatch import Dispatcher
-from accel._core.loading import EntryPointLoader
-from accel._core.names import PLUGINS_ENV
-from accel._core.selection import Selector
+import accel.plugins as builtin_plugins
+import accel.plugins._fallbacks as fallbacks
+from accel._registry.catalog import BUILTIN_PROVIDER, Catalog, Conflict
+from accel._registry.declarations import check_plugin_object, declared_specs, plugin_label
+from accel._registry.dispatch import Dispatcher
+from accel._registry.loading import EntryPointLoader
+from accel._registry.selection import Selector
+from accel._util.names import PLUGINS_ENV
+from accel._util.warn import warn_at_caller
 from accel.errors import PluginError, PluginWarning
 from accel.markers import PROJECT_NAME
 from accel.types import AcceleratorInfo, AcceleratorSpec, PluginFailure, TieCheck
@@ -108,12 +111,15 @@ class AcceleratorRegistry:
     # -- queries -------------------------------------------------------------------
 
     def get_accelerator(
-        self, name: str | None = None, *, tie_check: TieCheck = "error"
+        self, name: str | Accelerator | None = None, *, tie_check: TieCheck = "error"
     ) -> Accelerator:
         """Return a handle to the accelerator called ``name``.
 
         :param name: a name or alias, optionally with a device index (``"cuda:1"``),
-            or ``"auto"``. ``None`` means ``$ACCEL_ACCELERATOR``, else ``"auto"``.
+            or ``"auto"``. ``None`` means ``$ACCEL_ACCELERATOR``, else ``"auto"``. A
+            handle of this registry's is returned as it is (so every API that takes
+            "a handle or a name" with ``registry=`` follows one rule); a handle of
+            another registry is an :class:`AcceleratorValueError`.
             ``"auto"`` picks the available accelerator with the highest priority
             (ties broken by canonical name) that allows being picked automatically.
         :param tie_check: what a move does when the model's ties changed during it:
@@ -125,6 +131,19 @@ class AcceleratorRegistry:
         :raises PluginError: several installed plugins claim that name.
         """
         return self._loaded().selector.select(name, tie_check)
+
+    def distributed_backends(self, name: str) -> dict[str, str]:
+        """The :mod:`torch.distributed` backend of each accelerator ``name`` selects, by
+        canonical name: one, or several for an alias shared by several (the built-in
+        ``gpu``). Asked of their plugins without probing them or creating a handle, so
+        nothing is started (on XLA, a handle hands a device out).
+
+        :param name: a name or alias, optionally with a device index; not ``"auto"``.
+        :raises AcceleratorNotFoundError: no accelerator has that name.
+        :raises PluginError: several installed plugins claim that name.
+        :raises AcceleratorValueError: ``name`` is ``"auto"`` or malformed.
+        """
+        return self._loaded().selector.distributed_backends(name)
 
     def list_accelerators(self) -> list[AcceleratorInfo]:
         """Every registered accelerator, available or not, in ``"auto"`` order
@@ -167,13 +186,12 @@ class AcceleratorRegistry:
             return self._parts
 
     def _load(self) -> _Loaded:
-        from accel._core import fallbacks
-
         dispatcher = Dispatcher(fallbacks)
         if self._builtins:
-            from accel.plugins import BUILTIN_PLUGINS
-
-            for builtin_name, factory in BUILTIN_PLUGINS:
+            for (
+                builtin_name,
+                factory,
+            ) in builtin_plugins.BUILTIN_PLUGINS:  # read now: tests replace it
                 self._add(dispatcher, factory(), f"accel.builtin.{builtin_name}", BUILTIN_PROVIDER)
         self._failures.extend(
             self._loader.load(
@@ -221,7 +239,9 @@ class AcceleratorRegistry:
                 dispatcher.remove_plugin(holder, self._catalog.remove(holder))
         elif conflicts:
             if not entry_point:
-                raise _conflict_error(conflicts[0], specs, label, provider)
+                raise _conflict_error(
+                    conflicts[0], specs, label, provider, {c.name for c in conflicts}
+                )
             # A built-in always keeps its names: an installed plugin cannot take them,
             # and disputes nothing, so the built-in keeps working. A built-in's canonical
             # name keeps the plugin out; a built-in's alias is only taken from the plugin.
@@ -237,7 +257,17 @@ class AcceleratorRegistry:
             for conflict in canonical:
                 self._catalog.dispute(conflict.name, [conflict.holder.provider, provider])
             if canonical:
-                raise _conflict_error(canonical[0], specs, label, provider)
+                # Its aliases of a disputed name are disputed too: had it loaded first,
+                # they would select the disputed accelerator.
+                disputed = {c.name for c in canonical}
+                for spec in specs:
+                    if spec.name in disputed:
+                        for alias in spec.aliases:
+                            self._catalog.dispute_alias(alias, spec.name)
+                named = {c.name for c in conflicts} | {
+                    alias for spec in specs if spec.name in disputed for alias in spec.aliases
+                }
+                raise _conflict_error(canonical[0], specs, label, provider, named)
             disputed_aliases = conflicts
             dropped_aliases = builtin
         kept = _without_aliases(specs, {c.name for c in dropped_aliases})
@@ -289,27 +319,25 @@ def _warn_builtin_aliases(
         holders.setdefault(conflict.name, []).append(repr(conflict.holder.spec.name))
     for name, held_by in holders.items():
         claimant = next(s.name for s in specs if name in s.aliases)
-        warnings.warn(
+        warn_at_caller(
             f"accel plugin {label!r} from {provider} declares the alias {name!r} for "
             f"{claimant!r}, but the built-in {' and '.join(held_by)} has that alias; the "
             f"built-in keeps it, and {claimant!r} is registered without it (select it as "
             f"{claimant!r}). Ask the plugin's authors to drop the alias.",
             PluginWarning,
-            stacklevel=2,
         )
 
 
 def _warn_disputed_alias(
     conflict: Conflict, specs: list[AcceleratorSpec], label: str, provider: str
 ) -> None:
-    warnings.warn(
+    warn_at_caller(
         f"accel plugin {label!r} from {provider} declares the alias {conflict.name!r} for "
         f"{_claimant(conflict, specs)!r}, but {conflict.holder.spec.name!r} from "
         f"{conflict.holder.provider} has it too; the alias now selects neither (selecting "
         f"it raises PluginError naming both), while their own names still work. Uninstall "
         f"one of them, or load only one with {PLUGINS_ENV}=DISTRIBUTION.",
         PluginWarning,
-        stacklevel=2,
     )
 
 
@@ -318,7 +346,10 @@ def _conflict_error(
     specs: list[AcceleratorSpec],
     label: str,
     provider: str,
+    named: set[str],
 ) -> PluginError:
+    """:param named: every name of ``specs`` the conflict leaves disputed, for
+    ``conflicting_names`` (in the order the plugin declares them)."""
     holder = conflict.holder
     claimant = _claimant(conflict, specs)
     return PluginError(
@@ -326,5 +357,7 @@ def _conflict_error(
         f"{holder.provider} and by {claimant!r} from {provider} (plugin {label!r}). "
         f"Uninstall one of them, load only one with {PLUGINS_ENV}=..., or, registering in "
         f"code, pass override=True to replace the existing one on purpose.",
-        conflicting_names=(conflict.name,),
+        conflicting_names=tuple(
+            dict.fromkeys(key for s in specs for key in (s.name, *s.aliases) if key in named)
+        ),
     )

@@ -11,21 +11,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar, final
+
+import torch
+from torch import nn
 
 from accel._core.blame import note_culprit
-from accel._core.names import describe_index_range
-from accel._core.notes import bad_result_error
-from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError
-from accel.types import Availability, MoveContext
+from accel._util.names import describe_index_range
+from accel._util.notes import REPORT_TO_AUTHORS
+from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError, PluginError
+from accel.training._restoring import restored_tensors_problem
+from accel.training.memory import memory_stats_problem
+from accel.tying._keeping import MOVED_BY_NOTE
+from accel.types import Availability, MemoryStats, MoveContext
 
 if TYPE_CHECKING:
     import os
 
     import pluggy
-    import torch
-
-    from accel.training.memory import MemoryStats
 
 __all__ = ["FALLBACKS_NAME", "AcceleratorHooks", "no_longer_registered"]
 
@@ -34,29 +38,48 @@ FALLBACKS_NAME: Final = "accel.fallbacks"
 _T = TypeVar("_T")
 
 
+class _Listed(NamedTuple):
+    """A hook's implementations, as pluggy lists them."""
+
+    #: In pluggy's call order: last registered first, ``tryfirst``/``trylast`` honoured.
+    call_order: tuple[pluggy.HookImpl, ...]
+    #: A wrapper is among them: pluggy must run the call.
+    has_wrapper: bool
+    #: accel's fallback is the only one: the handle's calls skip pluggy's loop.
+    fallback_only: bool
+
+
 @final
 class AcceleratorHooks:
     """The hooks of one accelerator, as its handle calls them."""
 
-    __slots__ = ("_alive", "_fallback_only", "_manager", "_providers", "name")
+    __slots__ = ("_alive", "_implementations", "_manager", "_providers", "name")
 
     def __init__(self, name: str, manager: pluggy.PluginManager, providers: dict[str, str]):
         #: Canonical accelerator name, passed to every hook as ``accelerator``.
         self.name = name
         self._manager = manager
         self._providers = providers  # plugin name -> provider, shared with the dispatcher
-        self._fallback_only: dict[str, bool] = {}
+        self._implementations: dict[str, _Listed] = {}
         self._alive = True
 
     # -- probing ------------------------------------------------------------------
 
-    def availability(self) -> Availability:
-        """Ask whether the accelerator can be used; never raises."""
+    def availability(self, *, provider: str = "") -> Availability:
+        """Ask whether the accelerator can be used; never raises.
+
+        :param provider: who supplied the accelerator's plugin; a probe that raised is
+            then unavailable with the remedy to fix the plugin or report it there.
+        """
         try:
             return self._expect("is_available", Availability)
         except Exception as exc:
-            # The message already says whom to report it to.
-            return Availability(False, reason=f"probing it failed: {type(exc).__name__}: {exc}")
+            remedy = f"fix the plugin, or report this to its authors ({provider})"
+            return Availability(
+                False,
+                reason=f"probing it failed: {type(exc).__name__}: {exc}",
+                remedy=remedy if provider else "",
+            )
 
     def device_count(self) -> int:
         """The device count of an accelerator found available."""
@@ -75,7 +98,6 @@ class AcceleratorHooks:
         :param requested: the name as the user wrote it, for the message.
         :param source: where that name came from (``" in $ACCEL_ACCELERATOR"``) or ``""``.
         """
-        import torch
 
         count = self.device_count()  # asked even without an index: a bad count fails early
         if index is not None and index >= count:
@@ -103,9 +125,9 @@ class AcceleratorHooks:
     def model_to_device(
         self, model: torch.nn.Module, device: torch.device, context: MoveContext
     ) -> torch.nn.Module:
-        from torch import nn
-
         moved, who = self._first("model_to_device", model=model, device=device, context=context)
+        if who != FALLBACKS_NAME:  # a plugin moved it (None: one of them, pluggy ran it)
+            context.notes[MOVED_BY_NOTE] = self.describe(who, "model_to_device")
         if not isinstance(moved, nn.Module):
             raise self._bad(
                 "model_to_device", f"returned {type(moved).__name__}, not a torch.nn.Module", who
@@ -118,6 +140,9 @@ class AcceleratorHooks:
         self._each("post_move_hook", model=model, device=device, context=context)
 
     def batch_to_device(self, batch: Any, device: torch.device) -> Any:
+        listed = self._listed("batch_to_device")
+        if listed.fallback_only:  # every step of every loop: not even _first's frame
+            return listed.call_order[0].function(batch=batch, device=device)
         return self._first("batch_to_device", batch=batch, device=device)[0]
 
     # -- the training step --------------------------------------------------------
@@ -141,8 +166,6 @@ class AcceleratorHooks:
         norm_type: float,
         device: torch.device,
     ) -> torch.Tensor:
-        import torch
-
         norm, who = self._first(
             "clip_grad_norm_",
             parameters=parameters,
@@ -199,13 +222,7 @@ class AcceleratorHooks:
         return self._context("autocast", device=device, dtype=dtype)
 
     def memory_stats(self, device: torch.device) -> MemoryStats:
-        from accel.training.memory import memory_stats_problem
-
-        result, who = self._first("memory_stats", device=device)
-        problem = memory_stats_problem(result)
-        if problem is not None:
-            raise self._bad("memory_stats", problem, who)
-        return result  # type: ignore[no-any-return]
+        return self._vetted("memory_stats", memory_stats_problem, device=device)  # type: ignore[no-any-return]
 
     def device_loader(
         self, loader: Iterable[Any], device: torch.device, move: Callable[[Any], Any]
@@ -226,6 +243,10 @@ class AcceleratorHooks:
     def load(self, path: str | os.PathLike[str]) -> Any:
         return self._first("load", path=path)[0]
 
+    def restore_to_device(self, tensors: list[torch.Tensor], device: torch.device) -> Any:
+        problem = partial(restored_tensors_problem, tensors, device=device)
+        return self._vetted("restore_to_device", problem, tensors=tensors, device=device)
+
     def rng_state(self, device: torch.device) -> Any:
         return self._first("rng_state", device=device)[0]
 
@@ -234,15 +255,10 @@ class AcceleratorHooks:
 
     # -- what the handle's fast paths and messages need -----------------------------
 
-    def only_fallback(self, hook_name: str) -> bool:
-        """Whether accel's fallback is the only implementation of ``hook_name`` here,
-        so the handle may do the fallback's work without a hook call."""
-        cached = self._fallback_only.get(hook_name)
-        if cached is None:
-            implementations = self._caller(hook_name).get_hookimpls()
-            cached = all(impl.plugin_name == FALLBACKS_NAME for impl in implementations)
-            self._fallback_only[hook_name] = cached
-        return cached
+    def answered_by_plugin(self, hook_name: str) -> bool:
+        """Whether a plugin implements ``hook_name``, not accel's fallback alone (for
+        ``mark_step``: a lazy graph (XLA) that a save must cut first)."""
+        return not self._listed(hook_name).fallback_only
 
     def describe(self, plugin_name: str | None, hook_name: str) -> str:
         """Name the plugin that answered ``hook_name`` (``None``: not known, so every
@@ -266,7 +282,14 @@ class AcceleratorHooks:
     # -- calling ----------------------------------------------------------------------
 
     def _each(self, hook_name: str, **kwargs: Any) -> Any:
-        """Call the hook through pluggy's own loop, naming the plugin that raised."""
+        """Call the hook through pluggy's own loop, naming the plugin that raised.
+
+        Where accel's fallback is the only implementation, it is called directly: the
+        one place the handle's calls skip pluggy's machinery (a few µs a call, which
+        adds up over a training loop's small steps).
+        """
+        if self._listed(hook_name).fallback_only:
+            return self._first(hook_name, **kwargs)[0]
         caller = self._caller(hook_name)
         try:
             return caller(accelerator=self.name, **kwargs)
@@ -281,16 +304,17 @@ class AcceleratorHooks:
         and ``trylast`` honoured). With a wrapper among them pluggy runs the call, and
         who answered is not known (``None``).
         """
-        caller = self._caller(hook_name)
-        implementations = caller.get_hookimpls()
-        if any(impl.wrapper or impl.hookwrapper for impl in implementations):
+        listed = self._listed(hook_name)
+        if listed.has_wrapper:
             return self._each(hook_name, **kwargs), None
-        arguments = {"accelerator": self.name, **kwargs}
-        for impl in reversed(implementations):
+        kwargs["accelerator"] = self.name  # a dict of this call's own
+        for impl in listed.call_order:
             try:
-                result = impl.function(*(arguments[name] for name in impl.argnames))
+                result = impl.function(*[kwargs[name] for name in impl.argnames])
             except Exception as exc:
-                note_culprit(exc, caller, hook_name, self.provider_of, culprit=impl)
+                note_culprit(
+                    exc, self._caller(hook_name), hook_name, self.provider_of, culprit=impl
+                )
                 raise
             if result is not None:
                 return result, impl.plugin_name
@@ -312,8 +336,33 @@ class AcceleratorHooks:
             return result
         raise self._bad(hook_name, f"returned {_shown(result)}; expected {expected.__name__}", who)
 
+    def _vetted(self, hook_name: str, problem: Callable[[Any], str | None], **kwargs: Any) -> Any:
+        """A first-result hook's answer, unless ``problem`` finds it wrong (then raised)."""
+        result, who = self._first(hook_name, **kwargs)
+        if (found := problem(result)) is not None:
+            raise self._bad(hook_name, found, who)
+        return result
+
     def _bad(self, hook_name: str, problem: str, who: str | None) -> Exception:
-        return bad_result_error(hook_name, self.name, problem, self.describe(who, hook_name))
+        """The :class:`~accel.PluginError` for a result accel cannot use (``problem``:
+        ``"returned list ([]), expected dict"``), naming the plugin that gave it."""
+        return PluginError(
+            f"hook {hook_name!r} for accelerator {self.name!r} {problem}, from "
+            f"{self.describe(who, hook_name)}. {REPORT_TO_AUTHORS}"
+        )
+
+    def _listed(self, hook_name: str) -> _Listed:
+        """What pluggy's public ``get_hookimpls()`` says of the hook, cached until a
+        plugin is added or removed (the dispatcher keeps the cache in step)."""
+        listed = self._implementations.get(hook_name)
+        if listed is None:
+            implementations = self._caller(hook_name).get_hookimpls()
+            listed = self._implementations[hook_name] = _Listed(
+                call_order=tuple(reversed(implementations)),
+                has_wrapper=any(impl.wrapper or impl.hookwrapper for impl in implementations),
+                fallback_only=all(impl.plugin_name == FALLBACKS_NAME for impl in implementations),
+            )
+        return listed
 
     def _caller(self, hook_name: str) -> Any:
         if not self._alive:
@@ -324,16 +373,16 @@ class AcceleratorHooks:
 
     def _retire(self) -> None:
         self._alive = False
-        self._fallback_only.clear()
+        self._implementations.clear()
 
     def _add(self, plugin: object, name: str) -> None:
         self._manager.register(plugin, name=name)
-        self._fallback_only.clear()
+        self._implementations.clear()
 
     def _remove(self, plugin: object) -> None:
         if self._manager.is_registered(plugin):
             self._manager.unregister(plugin)
-        self._fallback_only.clear()
+        self._implementations.clear()
 
 
 def _shown(value: object) -> str:

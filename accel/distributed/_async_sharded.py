@@ -19,7 +19,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from accel._core.files import fsync_directory
+import torch.distributed as dist
+from torch.distributed.checkpoint import state_dict_saver
+
+from accel._util.files import fsync_directory
+from accel.errors import AcceleratorOSError, AcceleratorValueError
 from accel.training._async_save import (
     PendingSave,
     check_asynchronous,
@@ -33,10 +37,10 @@ __all__ = ["check_sharded_asynchronous", "save_sharded_in_background"]
 
 def check_sharded_asynchronous(asynchronous: object, spmd: bool) -> None:
     """:raises TypeError: ``asynchronous`` is not a bool.
-    :raises NotImplementedError: ``asynchronous=True`` under XLA SPMD."""
+    :raises AcceleratorValueError: ``asynchronous=True`` under XLA SPMD."""
     check_asynchronous("save_sharded", asynchronous)
     if asynchronous and spmd:
-        raise NotImplementedError(
+        raise AcceleratorValueError(
             "save_sharded: asynchronous=True is not supported under XLA SPMD (DCP's "
             "async_save cannot stage torch_xla's sharded tensors); save with "
             "asynchronous=False, or use torch_xla's CheckpointManager.save_async"
@@ -48,9 +52,6 @@ def save_sharded_in_background(
 ) -> PendingSave:
     """Stage ``app_state`` with ``async_save`` into ``temporary`` (on every rank), and
     rename it to ``target`` in the background once DCP is done on every rank."""
-    import torch.distributed as dist
-    from torch.distributed.checkpoint import state_dict_saver
-
     distributed = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     with one_save_at_a_time():
@@ -73,8 +74,6 @@ def save_sharded_in_background(
 
 
 def _commit(upload: Any, temporary: Path, target: Path, rank: int, group: Any) -> None:
-    import torch.distributed as dist
-
     failure: BaseException | None = None
     try:
         upload.result()  # DCP fails on every rank when one rank could not write
@@ -99,7 +98,7 @@ def _commit(upload: Any, temporary: Path, target: Path, rank: int, group: Any) -
     if failure is not None:
         raise failure
     if told is not None:
-        raise OSError(
+        raise AcceleratorOSError(
             f"save_sharded: the main process (rank 0) could not complete the checkpoint "
             f"{str(target)!r}: {told}; the previous checkpoints are unchanged"
         )

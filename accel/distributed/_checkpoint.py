@@ -24,10 +24,33 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from accel._core.files import fsync_directory, process_alive
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from accel._util.files import fsync_directory, process_alive
 from accel.distributed._async_sharded import check_sharded_asynchronous, save_sharded_in_background
 from accel.distributed._spmd_checkpoint import is_spmd, spmd_entry, spmd_load, spmd_save_planner
+from accel.errors import (
+    AcceleratorFileExistsError,
+    AcceleratorFileNotFoundError,
+    AcceleratorTypeError,
+)
 from accel.training._async_save import PendingSave, wait_for_saves
+from accel.training._rank_generators import (
+    gathered_generators,
+    own_generators,
+    record_placeholders,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -69,18 +92,17 @@ def save_sharded(
     :raises TypeError: ``state`` is not a dict, or holds no module or two.
     :raises FileExistsError: ``path`` exists already (sharded checkpoints are written
         once: name them by step with :func:`accel.training.retention.checkpoint_path`).
-    :raises NotImplementedError: ``asynchronous=True`` under XLA SPMD.
+    :raises ValueError: ``asynchronous=True`` under XLA SPMD.
     """
-    import torch.distributed as dist
-    from torch.distributed.checkpoint import state_dict_saver
 
     target = Path(os.fspath(path))
     spmd = is_spmd()
     check_sharded_asynchronous(asynchronous, spmd)
     wait_for_saves()  # the pending save first (one in flight), and its failure
     _, app_state = _app_state(state, "save_sharded", spmd)
+    app_state[_PLAIN] = gathered_generators(app_state[_PLAIN])  # every rank's generators
     if target.exists():
-        raise FileExistsError(
+        raise AcceleratorFileExistsError(
             17,
             f"save_sharded: {str(target)!r} exists already; a sharded checkpoint is written "
             f"once, so save each one to a new path (checkpoint_path(directory, step))",
@@ -125,15 +147,9 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
 
     :raises FileNotFoundError: no checkpoint at ``path``.
     """
-    from torch.distributed.checkpoint import state_dict_loader
-    from torch.distributed.checkpoint.state_dict import (
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
     target = Path(os.fspath(path))
     if not (target / ".metadata").is_file():
-        raise FileNotFoundError(
+        raise AcceleratorFileNotFoundError(
             2,
             f"load_sharded: there is no sharded checkpoint at {str(target)!r} (no "
             f".metadata); check the path, or find the newest with latest_checkpoint()",
@@ -142,6 +158,10 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
     spmd = is_spmd()
     model, app_state = _app_state(state, "load_sharded", spmd)
 
+    # Every rank's generators were saved as one record where several ranks saved.
+    saved = FileSystemReader(str(target)).read_metadata().state_dict_metadata
+    app_state[_PLAIN] = record_placeholders(app_state[_PLAIN], saved, _PLAIN)
+
     def read(into: dict[str, Any], planner: Any) -> None:
         state_dict_loader.load(into, checkpoint_id=str(target), planner=planner)
 
@@ -149,7 +169,7 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
         spmd_load(model, state, app_state, read)
     else:
         read(app_state, _weights_only_planner())
-    plain = dict(app_state[_PLAIN])
+    plain = dict(own_generators(app_state[_PLAIN]))  # this rank's generators
     for key, value in state.items():
         if spmd and (value is model or _is_optimizer(value)):
             continue  # loaded in place by spmd_load
@@ -167,9 +187,6 @@ def _weights_only_planner() -> Any:
     :meth:`Accelerator.load` reads a file: ``weights_only``, so nothing in it runs."""
     import io
 
-    import torch
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-
     class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             data = value.getvalue()
@@ -182,17 +199,13 @@ def _weights_only_planner() -> Any:
 def _app_state(
     state: Mapping[str, Any], caller: str, spmd: bool
 ) -> tuple[nn.Module, dict[str, Any]]:
-    from torch import nn
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
     if not isinstance(state, Mapping):
-        raise TypeError(f"{caller} expects a dict of the run's objects, got {type(state).__name__}")
+        raise AcceleratorTypeError(
+            f"{caller} expects a dict of the run's objects, got {type(state).__name__}"
+        )
     modules = [key for key, value in state.items() if isinstance(value, nn.Module)]
     if len(modules) != 1:
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"{caller} expects exactly one module in state (the optimizers' model), got "
             f"{len(modules)}: {modules}; save other models in checkpoints of their own"
         )
@@ -213,8 +226,6 @@ def _app_state(
 
 
 def _is_optimizer(value: object) -> bool:
-    import torch
-
     return isinstance(value, torch.optim.Optimizer)
 
 

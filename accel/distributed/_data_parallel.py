@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
 from accel.distributed._backends import backend_for_device
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._process_group import DistributedContext, current_context
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -34,7 +39,6 @@ def wrap_data_parallel(
         (``mps``: gloo has no MPS tensors).
     :raises ValueError: a parameter or buffer is not on ``context.device``.
     """
-    from torch.nn.parallel import DistributedDataParallel
 
     context = running_context(model, context, "wrap_data_parallel")
     check_model_on_device(model, context)
@@ -52,11 +56,11 @@ def running_context(
 ) -> DistributedContext:
     """``context``, checked to be the running group's and able to carry the model's
     tensors; ``None`` means the running one."""
-    import torch.distributed as dist
-    from torch import nn
 
     if not isinstance(model, nn.Module):
-        raise TypeError(f"{caller} expects a torch.nn.Module, got {type(model).__name__}")
+        raise AcceleratorTypeError(
+            f"{caller} expects a torch.nn.Module, got {type(model).__name__}"
+        )
     if context is None:
         context = current_context()
     if context is None or not dist.is_initialized():
@@ -85,7 +89,7 @@ def check_model_on_device(model: nn.Module, context: DistributedContext) -> None
     """:raises ValueError: a parameter or buffer of ``model`` is off ``context.device``."""
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         if tensor.device != context.device:
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"{name!r} is on {tensor.device}, but this worker trains on "
                 f"{context.device}; move the model first with "
                 f"context.accelerator.model_to_device(model) (it keeps tied weights tied)"

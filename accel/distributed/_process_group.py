@@ -11,10 +11,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+import torch.distributed as dist
+
 from accel.distributed._backends import device_backends, group_backend, memory_store
 from accel.distributed._devices import local_accelerator
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._launchers import LaunchEnvironment, read_launch_environment
+from accel.distributed._restarts import attempt_store
+from accel.distributed._xla_group import start_xla_group
+from accel.errors import AcceleratorValueError
 from accel.training._async_save import wait_for_saves
 
 if TYPE_CHECKING:
@@ -100,7 +106,6 @@ def init_process_group(
         has no process group (use :func:`init_spmd`).
     """
     global _active
-    import torch.distributed as dist
 
     timeout_delta = _as_timedelta(timeout)
     if not dist.is_available():
@@ -116,8 +121,6 @@ def init_process_group(
             return _existing_context(acc, backend, environment)
         _active = None
         if backend == "xla":
-            from accel.distributed._xla_group import start_xla_group
-
             start_xla_group(environment, timeout_delta)
         else:
             _start_group(acc, environment, timeout_delta)
@@ -129,7 +132,7 @@ def _as_timedelta(timeout: datetime.timedelta | float | None) -> datetime.timede
     if timeout is None or isinstance(timeout, datetime.timedelta):
         return timeout
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"timeout must be a positive number of seconds or a datetime.timedelta, got {timeout!r}"
         )
     return datetime.timedelta(seconds=timeout)
@@ -140,9 +143,6 @@ def _start_group(
     environment: LaunchEnvironment | None,
     timeout: datetime.timedelta | None,
 ) -> None:
-    import torch
-    import torch.distributed as dist
-
     backend = group_backend(acc)
     options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     if acc.device.type == "cuda":
@@ -153,8 +153,13 @@ def _start_group(
         dist.init_process_group(backend, store=memory_store(), rank=0, world_size=1, **options)
         return
     if environment.launcher == "torchrun":
-        # env:// under torchrun joins the store its agent already runs.
-        options["init_method"] = "env://"
+        # The store torchrun's agent runs, under this attempt's prefix (a restarted
+        # job must not read the keys of the attempt before); else env:// joins it.
+        store = attempt_store(environment, timeout)
+        if store is None:
+            options["init_method"] = "env://"
+        else:
+            options["store"] = store
     else:
         host = environment.master_addr
         host = f"[{host}]" if ":" in host else host  # an IPv6 address
@@ -203,7 +208,6 @@ def _existing_context(
     acc: Accelerator, backend: str, environment: LaunchEnvironment | None
 ) -> DistributedContext:
     global _active
-    import torch.distributed as dist
 
     running = str(dist.get_backend())
     wanted = group_backend(acc)
@@ -238,7 +242,6 @@ def _running_context(
     acc: Accelerator, backend: str, environment: LaunchEnvironment | None
 ) -> DistributedContext:
     """The context of the process group now running, for ``acc``."""
-    import torch.distributed as dist
 
     return DistributedContext(
         rank=dist.get_rank(),
@@ -264,7 +267,6 @@ def destroy_process_group(*, barrier: bool = True) -> bool:
         group, so it is finished first, with ``barrier``); the group still runs.
     """
     global _active
-    import torch.distributed as dist
 
     if barrier:
         wait_for_saves()

@@ -34,15 +34,16 @@ import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import Any, Final, final
 
-from accel._core.notes import add_note
+import torch.distributed as dist
+from torch import nn
+
+from accel._util.notes import add_note
+from accel.errors import AcceleratorOSError, AcceleratorTypeError
 from accel.training._snapshot import spare_of, take_snapshot
 from accel.training.atomic import atomic_save
-from accel.training.compiling import unwrap_compiled
-
-if TYPE_CHECKING:
-    from torch import nn
+from accel.training.step import unwrap_compiled
 
 __all__ = [
     "PendingSave",
@@ -118,7 +119,7 @@ _exit_hook_registered = False
 def check_asynchronous(caller: str, asynchronous: object) -> None:
     """:raises TypeError: ``asynchronous`` is not a bool."""
     if not isinstance(asynchronous, bool):
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"{caller}: asynchronous must be True or False, got "
             f"{type(asynchronous).__name__}: {asynchronous!r}"
         )
@@ -227,8 +228,6 @@ def save_in_background(
     0 writes with ``atomic_save`` and the other ranks take no snapshot: they wait for
     rank 0's word.
     """
-    import torch.distributed as dist
-
     target = Path(os.fspath(path))
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         if plugin_save is not None:  # it may keep what it is given: memory of its own
@@ -266,8 +265,6 @@ def _write(snapshot: Any, target: Path, owned: list[Any]) -> None:
 
 
 def _write_on_rank_0(snapshot: Any, target: Path, group: Any, owned: list[Any]) -> None:
-    import torch.distributed as dist
-
     failure: BaseException | None = None
     try:
         _write(snapshot, target, owned)
@@ -283,13 +280,11 @@ def _write_on_rank_0(snapshot: Any, target: Path, group: Any, owned: list[Any]) 
 
 
 def _hear_from_rank_0(target: Path, group: Any) -> None:
-    import torch.distributed as dist
-
     word: list[Any] = [None]
     dist.broadcast_object_list(word, src=0, group=group)
     if word[0] is not None:
         code, told = word[0]
-        raise OSError(
+        raise AcceleratorOSError(
             code if isinstance(code, int) else errno_codes.EIO,
             f"save: the main process (rank 0) could not write the checkpoint "
             f"{str(target)!r}: {told}",
@@ -303,8 +298,6 @@ _GROUP: list[Any] = [None, None]  # [the default group it was made for, the save
 def save_group() -> Any:
     """The gloo group of every rank that asynchronous saves talk over, made at the
     first call on every rank (a collective) and again for a new default group."""
-    import torch.distributed as dist
-
     world = dist.group.WORLD
     if _GROUP[0] is not world or _GROUP[1] is None:
         _GROUP[1] = dist.new_group(backend="gloo")

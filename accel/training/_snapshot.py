@@ -30,10 +30,9 @@ from __future__ import annotations
 import copy
 import ctypes
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 __all__ = ["Spare", "spare_of", "take_snapshot"]
 
@@ -59,8 +58,6 @@ def take_snapshot(
     :param spare: storages nothing else uses any more, copied into (and taken out of
         ``spare``) where one has the size needed.
     """
-    import torch
-
     memo: dict[int, Any] = {}
     storages: dict[tuple[str, int, int], torch.UntypedStorage] = {}
     owned: list[torch.UntypedStorage] = []
@@ -127,14 +124,10 @@ def spare_of(storages: list[torch.UntypedStorage]) -> Spare:
 
 
 def _new_storage(nbytes: int) -> torch.UntypedStorage:
-    import torch
-
     return torch.UntypedStorage(nbytes)  # type: ignore[no-untyped-call]
 
 
 def _copied_by_storage(tensor: torch.Tensor) -> bool:
-    import torch
-
     return (
         type(tensor) is torch.Tensor
         and tensor.device.type in _STORAGE_DEVICES

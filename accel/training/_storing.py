@@ -16,6 +16,12 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import torch
+import torch.serialization
+from torch import nn
+
+from accel.errors import AcceleratorTypeError
+
 __all__ = ["check_loadable", "convert_stateful"]
 
 # Exact types only: a subclass pickles as its own class, which weights_only refuses.
@@ -36,7 +42,6 @@ def convert_stateful(
     shallow copies (a state dict keeps its ``_metadata``) and an object met twice is
     converted once, so what was shared (a self-reference included) stays shared.
     """
-    from torch import nn
 
     memo: dict[int, Any] = {}
     found = False
@@ -73,8 +78,6 @@ def check_loadable(obj: Any) -> None:
     :raises TypeError: a value of a type weights_only does not build; the message
         gives its key path (``obj['models']['a']``).
     """
-    import torch
-    import torch.serialization
 
     safe = tuple(
         entry[0] if isinstance(entry, tuple) else entry
@@ -99,7 +102,7 @@ def check_loadable(obj: Any) -> None:
         elif type(value) in (*_SEQUENCES, set):
             pending.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
         else:
-            raise TypeError(_refusal(path, value))
+            raise AcceleratorTypeError(_refusal(path, value))
 
 
 def _refusal(path: str, value: Any) -> str:

@@ -30,9 +30,12 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final
 if TYPE_CHECKING:
     import torch
 
-from accel._core.files import fsync_directory, process_alive
+import torch
 
-__all__ = ["TEMPORARY_MARK", "atomic_save", "is_temporary"]
+from accel._util.files import fsync_directory, process_alive
+from accel.errors import AcceleratorValueError
+
+__all__ = ["atomic_save"]
 
 #: Part of every temporary file's name: ``.<name>.<host>.<pid>.<random>.accel-tmp``
 #: (the random part keeps two saves to one path, from two threads, apart).
@@ -111,8 +114,6 @@ class _RecordingFile:
 
 
 def _write(obj: Any, file: BinaryIO, target: Path) -> None:
-    import torch
-
     recording = _RecordingFile(file)
     try:
         torch.save(obj, recording, pickle_module=_cpu_pickle_module())  # type: ignore[arg-type]
@@ -121,7 +122,7 @@ def _write(obj: Any, file: BinaryIO, target: Path) -> None:
             raise _naming(recording.error, target, "writing it") from exc
         raise
     except RecursionError as exc:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"save: the object for {str(target)!r} is nested too deeply to pickle; "
             f"flatten it (a chain of containers deeper than Python's recursion limit)"
         ) from exc
@@ -138,8 +139,6 @@ class _CpuPickler(pickle.Pickler):
         self._copies: list[torch.Tensor] = []
 
     def reducer_override(self, obj: Any) -> Any:
-        import torch
-
         # Stored detached (a Parameter as a plain tensor), as state_dict() gives them.
         if isinstance(obj, torch.Tensor) and (obj.device.type != "cpu" or obj.requires_grad):
             copy = obj.detach().to("cpu")

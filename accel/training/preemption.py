@@ -16,12 +16,16 @@ import threading
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, final
 
+import torch
+import torch.distributed as dist
+
+from accel.errors import AcceleratorRuntimeError
 from accel.training._async_save import wait_for_saves
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_SIGNALS", "PreemptionGuard"]
+__all__ = ["PreemptionGuard"]
 
 #: What the guard notes by default: SIGTERM (Kubernetes, spot VMs, ``scancel``, SLURM's
 #: time limit) and SIGUSR1 (SLURM's ``--signal=USR1@90``).
@@ -64,7 +68,7 @@ class PreemptionGuard:
 
     def __enter__(self) -> PreemptionGuard:
         if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError(
+            raise AcceleratorRuntimeError(
                 "preemption_guard() must be entered in the main thread: Python delivers "
                 "signals there only; enter it around the training loop in the main thread"
             )
@@ -113,13 +117,11 @@ class PreemptionGuard:
         distributed job the processes agree at each read (it stays true once true)."""
         if self._requested:
             return True
-        import torch.distributed as dist
 
         local = self.received is not None
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             self._requested = local
             return local
-        import torch
 
         agreed = False
         if self._pending is not None:

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Final
 
+from accel.errors import AcceleratorValueError
 from accel.training._async_save import pending_paths
 
 __all__ = ["checkpoint_path", "latest_checkpoint", "list_checkpoints", "prune_checkpoints"]
@@ -31,7 +32,7 @@ def checkpoint_path(directory: str | os.PathLike[str], step: int) -> Path:
     :raises ValueError: ``step`` is negative.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"checkpoint_path: step must be an int >= 0, got {step!r}")
+        raise AcceleratorValueError(f"checkpoint_path: step must be an int >= 0, got {step!r}")
     return Path(os.fspath(directory)) / f"step-{step:09d}.pt"
 
 
@@ -69,7 +70,7 @@ def prune_checkpoints(directory: str | os.PathLike[str], keep: int) -> list[Path
     :raises ValueError: ``keep`` is below 1 (the newest checkpoint is always kept).
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"prune_checkpoints: keep must be an int >= 1 (the newest checkpoint is always "
             f"kept), got {keep!r}"
         )

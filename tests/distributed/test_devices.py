@@ -25,8 +25,8 @@ def two_device_registry() -> accel.AcceleratorRegistry:
     return isolated_registry(FakeAccelerator("twin", count=2))
 
 
-def worker(local_rank: int, world_size: int = 4) -> adist.TorchrunEnvironment:
-    return adist.TorchrunEnvironment(
+def worker(local_rank: int, world_size: int = 4) -> adist.LaunchEnvironment:
+    return adist.LaunchEnvironment(
         rank=local_rank,
         world_size=world_size,
         local_rank=local_rank,
@@ -82,7 +82,7 @@ def test_nccl_workers_never_share_a_device() -> None:
 
 
 def test_accelerator_argument_is_type_checked() -> None:
-    with pytest.raises(TypeError, match=r"accel\.Accelerator, a name"):
+    with pytest.raises(TypeError, match=r"or an accel\.Accelerator handle, got int"):
         adist.local_accelerator(3, None)  # type: ignore[arg-type]
 
 

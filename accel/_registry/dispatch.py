@@ -14,8 +14,8 @@ from typing import final
 
 import pluggy
 
-from accel._core.declarations import check_hook_names, new_plugin_manager
 from accel._core.hooks import FALLBACKS_NAME, AcceleratorHooks, no_longer_registered
+from accel._registry.declarations import check_hook_names, new_plugin_manager
 from accel.errors import PluginError
 
 __all__ = ["AcceleratorHooks", "Dispatcher"]
@@ -34,6 +34,10 @@ class Dispatcher:
         self._cross_cutting: list[tuple[object, str]] = []
         self._hooks: dict[str, AcceleratorHooks] = {}
         self.add_plugin(fallbacks, FALLBACKS_NAME, "built-in", accelerators=[])
+
+    def owns(self, hooks: AcceleratorHooks) -> bool:
+        """Whether ``hooks`` are one of this registry's accelerators' (still registered)."""
+        return any(mine is hooks for mine in self._hooks.values())
 
     def validator(self) -> pluggy.PluginManager:
         """The manager that parses hook implementations (holds every plugin)."""

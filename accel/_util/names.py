@@ -8,11 +8,10 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
-import warnings
 from collections.abc import Iterable
 from typing import Final
 
-from accel.errors import PluginWarning
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
 __all__ = [
     "ACCELERATOR_ENV",
@@ -23,7 +22,6 @@ __all__ = [
     "closest_name",
     "describe_difference",
     "describe_index_range",
-    "env_flag",
     "name_from_environment",
     "normalize_distribution_name",
     "normalize_name",
@@ -67,10 +65,10 @@ def normalize_distribution_name(name: str) -> str:
 def check_accelerator_name(value: object, what: str) -> str:
     """``value`` normalised, if it is a valid accelerator name or alias."""
     if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__}: {value!r}")
+        raise AcceleratorTypeError(f"{what} must be a str, got {type(value).__name__}: {value!r}")
     name = normalize_name(value)
     if not _NAME_PATTERN.match(name):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"{what} {value!r} is not a valid accelerator name: use a letter followed by "
             "letters, digits, '_' or '-' (no ':', which separates the device index)"
         )
@@ -80,13 +78,13 @@ def check_accelerator_name(value: object, what: str) -> str:
 def parse_accelerator_name(name: object) -> tuple[str, int | None]:
     """Split ``"cuda:1"`` into ``("cuda", 1)``; normalise case and whitespace."""
     if not isinstance(name, str):
-        raise TypeError(
-            f"accelerator name must be a str such as 'cpu', 'cuda:1' or 'auto', "
-            f"got {type(name).__name__}: {name!r}"
+        raise AcceleratorTypeError(
+            f"accelerator must be a name (a str such as 'cpu', 'cuda:1' or 'auto') or an "
+            f"accel.Accelerator handle, got {type(name).__name__}: {name!r}"
         )
     text = name.strip().lower()
     if not normalize_name(text):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"accelerator name is empty ({name!r}): pass a name such as 'cpu', 'cuda' "
             f"or 'auto', or unset ${ACCELERATOR_ENV}"
         )
@@ -98,7 +96,7 @@ def parse_accelerator_name(name: object) -> tuple[str, int | None]:
     index_text = index_text.strip()
     # isascii(): str.isdigit() also accepts digits such as '²' that int() refuses.
     if not (index_text.isascii() and index_text.isdigit()):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"bad device index in accelerator name {name!r}: expected 'NAME:INDEX' with "
             f"a non-negative integer INDEX, like 'cuda:1'"
         )
@@ -165,30 +163,3 @@ def describe_index_range(canonical: str, count: int) -> str:
     if count <= 1:
         return f"{canonical!r} or '{canonical}:0'"
     return f"'{canonical}:0' to '{canonical}:{count - 1}'"
-
-
-_TRUE_VALUES: Final = ("1", "true", "yes", "on")
-_FALSE_VALUES: Final = ("", "0", "false", "no", "off")
-
-
-def env_flag(name: str, *, false_means: str) -> bool:
-    """Whether environment variable ``name`` is set to a true value (1, true, yes, on).
-
-    Any other value means false; one that is not a recognised false value either
-    (``maybe``) warns, naming the variable, since the user meant *something*.
-
-    :param false_means: what false does, for the warning ("plugins still load").
-    """
-    raw = os.environ.get(name, "")
-    value = raw.strip().lower()
-    if value in _TRUE_VALUES:
-        return True
-    if value not in _FALSE_VALUES:
-        warnings.warn(
-            f"${name}={raw!r} is not a value accel recognises, so it is read as "
-            f"false: {false_means}. Set it to one of {', '.join(_TRUE_VALUES)} for true, "
-            f"or to one of {', '.join(repr(v) for v in _FALSE_VALUES)} for false.",
-            PluginWarning,
-            stacklevel=3,
-        )
-    return False
