@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from accel._core.notes import add_note
+from accel.training.batch import BatchMover
 
 if TYPE_CHECKING:
     import torch
@@ -287,7 +288,11 @@ class TrainingStepMethods(HandleBase):
                 f"device_loader expects an iterable of batches (a DataLoader), got "
                 f"{type(loader).__name__}"
             )
-        batches = self._hooks.device_loader(loader, self.device, self.batch_to_device)
+        # No plugin moves batches: the hook gets move_batch itself, which it may skip for
+        # a batch it already put on the device (XLA).
+        only_fallback = self._hooks.only_fallback("batch_to_device")
+        move = BatchMover(self.device) if only_fallback else self.batch_to_device
+        batches = self._hooks.device_loader(loader, self.device, move)
         return DeviceLoader(loader, batches, f"{type(loader).__name__} -> {self.device}")
 
 
