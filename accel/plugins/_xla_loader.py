@@ -80,15 +80,22 @@ class XlaLoader:
         moved_whole_is_done = isinstance(move, BatchMover) and move.device == self.device
         loop = _LOOP_STATE
         batches = iter(pl.MpDeviceLoader(source, self.device, batches_per_execution=_NEVER))
-        before: _Snapshot | None = None  # the gradients when the last batch was taken
+        watched = _WATCHED
+        versions, gradients = -1, 0  # the watched parameters when the last batch was taken
         loop.active += 1
         try:
             while True:
-                now = _WATCHED.snapshot()
-                if loop.owed or not _accumulating(before, now):
+                if watched.refs:
+                    versions_now, gradients_now = watched.signature()
+                    # Between micro-steps: a backward pass changed a gradient (created
+                    # it, or added to it), and no step changed a parameter.
+                    accumulating = versions_now == versions and gradients_now not in (gradients, 0)
+                    versions, gradients = versions_now, gradients_now
+                else:
+                    accumulating = False
+                if loop.owed or not accumulating:
                     torch_xla.sync()  # before waiting for the batch: the step runs meanwhile
                     loop.owed = False
-                before = now
                 try:
                     moved = next(batches)
                 except StopIteration:
@@ -141,38 +148,36 @@ def loop_state() -> _LoopState:
     return _LOOP_STATE
 
 
-#: Per watched parameter: its version (an optimizer step changes it in place), and
-#: its gradient's identity and version (a backward pass creates or adds to it).
-_Snapshot = tuple[tuple[int, int, int], ...]
-
-
 class _WatchedParameters:
     """Weak references to the parameters whose gradients tell accumulation apart."""
 
-    __slots__ = ("_lock", "_refs")
+    __slots__ = ("_lock", "refs")
 
     def __init__(self) -> None:
-        self._refs: list[weakref.ref[torch.Tensor]] = []
+        self.refs: list[weakref.ref[torch.Tensor]] = []
         self._lock = threading.Lock()
 
     def add(self, parameters: Iterable[torch.Tensor]) -> None:
         with self._lock:
-            known = {id(ref()) for ref in self._refs}
-            self._refs = [ref for ref in self._refs if ref() is not None]
-            self._refs.extend(weakref.ref(p) for p in parameters if id(p) not in known)
+            live = [ref for ref in self.refs if ref() is not None]
+            known = {id(ref()) for ref in live}
+            self.refs = live + [weakref.ref(p) for p in parameters if id(p) not in known]
 
-    def snapshot(self) -> _Snapshot:
-        taken = []
-        for ref in self._refs:
+    def signature(self) -> tuple[int, int]:
+        """The sum of the parameters' versions (an optimizer step changes them in place,
+        and versions only grow), and a sum over their gradients that a backward pass
+        changes (a new gradient, or one added to in place, bumping its version); 0
+        while no parameter has a gradient. A coincidence between two sums only cuts
+        the graph once more than needed."""
+        versions = gradients = 0
+        for ref in self.refs:
             parameter = ref()
-            if parameter is None:
-                continue  # (pruned at the next add)
-            grad = parameter.grad
-            if grad is None:
-                taken.append((parameter._version, 0, -1))
-            else:
-                taken.append((parameter._version, id(grad), grad._version))
-        return tuple(taken)
+            if parameter is not None:
+                versions += parameter._version
+                grad = parameter.grad
+                if grad is not None:
+                    gradients += id(grad) + grad._version
+        return versions, gradients
 
 
 _WATCHED = _WatchedParameters()
@@ -184,22 +189,6 @@ def watch_model(model: nn.Module) -> None:
     trainable = [p for p in model.parameters() if p.requires_grad]
     if trainable:
         _WATCHED.add({id(p): p for p in (trainable[0], trainable[-1])}.values())
-
-
-def _accumulating(before: _Snapshot | None, now: _Snapshot) -> bool:
-    """Whether a backward pass has changed a gradient between ``before`` and ``now``
-    with no parameter changed (no optimizer step): the loop is between micro-steps."""
-    if before is None or len(before) != len(now):
-        return False  # the loop's first batch, or another model: cut, to be sure
-    changed = False
-    for (version, grad, grad_version), (version_now, grad_now, grad_version_now) in zip(
-        before, now, strict=True
-    ):
-        if version != version_now:
-            return False  # a step (optimizer.step() without acc.optimizer_step)
-        if grad_version_now != -1 and (grad_now != grad or grad_version_now != grad_version):
-            changed = True
-    return changed
 
 
 # -- batches in torch_xla's loader thread ------------------------------------------------
@@ -247,9 +236,12 @@ class _Capturing:
                 if kind is tensor_type:
                     plain = batch.is_cpu
                 elif kind is dict or kind is list or kind is tuple:
-                    # Only exact tensors: torch_xla leaves subclasses where they are.
-                    values = batch.values() if kind is dict else batch
-                    plain = all(type(v) is tensor_type and v.is_cpu for v in values)
+                    plain = True  # (a loop, not all(): this runs for every batch)
+                    for value in batch.values() if kind is dict else batch:
+                        # Only exact tensors: torch_xla leaves subclasses where they are.
+                        if type(value) is not tensor_type or not value.is_cpu:
+                            plain = False
+                            break
                 else:
                     plain = False
                 if plain:
