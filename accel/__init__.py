@@ -12,10 +12,10 @@ only when a name that needs them is first used.
 
 from __future__ import annotations
 
-import importlib
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from accel._util.lazy import lazy_names
 from accel.errors import (
     AcceleratorError,
     AcceleratorNotFoundError,
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         AcceleratorInfo,
         AcceleratorSpec,
         Availability,
+        MemoryStats,
         MoveContext,
         PluginFailure,
         TieCheck,
@@ -50,6 +51,7 @@ __all__ = [
     "AcceleratorSpec",
     "AcceleratorUnavailableError",
     "Availability",
+    "MemoryStats",
     "MoveContext",
     "PluginError",
     "PluginFailure",
@@ -72,6 +74,7 @@ _LAZY_NAMES = {
     "AcceleratorInfo": "accel.types",
     "AcceleratorSpec": "accel.types",
     "Availability": "accel.types",
+    "MemoryStats": "accel.types",
     "MoveContext": "accel.types",
     "PluginFailure": "accel.types",
     "TieCheck": "accel.types",
@@ -79,18 +82,7 @@ _LAZY_NAMES = {
     "hookspec": "accel.markers",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY_NAMES.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'accel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(globals(), _LAZY_NAMES, __all__)
 
 
 _default_registry: AcceleratorRegistry | None = None

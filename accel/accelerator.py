@@ -2,40 +2,49 @@
 
 from __future__ import annotations
 
-import functools
-import threading
-import weakref
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypeVar, final
+import os
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar, final
 
-from accel._core.notes import add_note
-from accel._core.tie_keeping import begin_kept_move, finish_kept_move
-from accel._core.transaction import RestorePoint
-from accel.training._checkpoint_methods import CheckpointMethods
-from accel.training.batch import move_batch
-from accel.types import AcceleratorSpec, MoveContext, TieCheck, checked_tie_check
+import torch
+from torch import nn
 
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
-    from accel._core.hooks import AcceleratorHooks
+from accel._core.hooks import AcceleratorHooks
+from accel._core.moving import move_model
+from accel._util.notes import add_note
+from accel.training.batch import BatchMover
+from accel.training.checkpoint import checked_path, checked_state, restore_into, storable
+from accel.training.device_loader import DeviceLoader
+from accel.training.precision import full_precision, requested_dtype
+from accel.training.preemption import PreemptionGuard
+from accel.training.rng import host_rng_state, set_host_rng_state
+from accel.training.step import (
+    checked_clip_arguments,
+    checked_loader,
+    checked_no_sync_arguments,
+    checked_seed,
+    checked_step_arguments,
+    unwrap_compiled,
+)
+from accel.types import AcceleratorSpec, MemoryStats, TieCheck, checked_tie_check
 
 __all__ = ["Accelerator"]
 
-_Model = TypeVar("_Model", bound="nn.Module")
+_Model = TypeVar("_Model", bound=nn.Module)
 _Batch = TypeVar("_Batch")
+_Compiled = TypeVar("_Compiled", bound=Callable[..., Any])
 
 
 @final
-class Accelerator(CheckpointMethods):
+class Accelerator:
     """One selected accelerator and device: moves models and batches there.
 
     Obtain it from :func:`accel.get_accelerator` or
     :meth:`AcceleratorRegistry.get_accelerator`; every operation runs the hooks of
     this accelerator's plugin and of cross-cutting plugins, never another
-    accelerator's. The training-step and checkpoint methods are inherited from
-    ``accel/training/`` (they are the handle's all the same).
+    accelerator's. Every method is a thin call into the hook of the same name (see
+    :mod:`accel.hookspecs`) or into the function that does the work.
     """
 
     __slots__ = ("_hooks", "_tie_check", "device", "index", "spec")
@@ -136,169 +145,294 @@ class Accelerator(CheckpointMethods):
             parameter groups and state are remapped to the moved parameters.
         :raises ValueError: none of the optimizers holds any of the model's parameters.
         """
-        from torch import nn
-
-        wrapped = _mp_model_wrapper_parts(model)
-        if wrapped is not None:
-            module, lock = wrapped
-            with lock:  # forked processes share the wrapped model's pages: one at a time
-                return self.model_to_device(module, optimizer=optimizer)  # type: ignore[return-value]
-        if not isinstance(model, nn.Module):
-            raise TypeError(
-                f"model_to_device expects a torch.nn.Module, got {type(model).__name__}; "
-                f"use batch_to_device for tensors and containers of tensors"
-            )
-        optimizers = _as_optimizer_list(optimizer)
-        # One move of a model at a time: a second thread's snapshot would see the
-        # slots the first one emptied for its move. Moves of other models go on.
-        with _move_lock(model):
-            return self._move(model, optimizers)
-
-    def _move(self, model: _Model, optimizers: list[torch.optim.Optimizer]) -> _Model:
-        restore_point = RestorePoint(model)
-        if optimizers:
-            from accel._core.optimizers import check_optimizers_hold
-
-            check_optimizers_hold(optimizers, model, restore_point.parameter_ids())
-        context = MoveContext(self.name, self.device, self._tie_check)
-        # Declared by the plugin: moves to this device untie, so accel keeps the ties.
-        keeps_ties = self.spec.unties_weights
-        try:
-            self._hooks.pre_move_hook(model, self.device, context)
-            if keeps_ties:  # after every pre_move_hook: each saw the model whole
-                begin_kept_move(model, context)
-            moved = self._hooks.model_to_device(model, self.device, context)
-            restore_point.mark_moved()
-            if keeps_ties:  # before every post_move_hook: each sees it re-tied
-                finish_kept_move(moved, self.device, context, stacklevel=4)
-            self._hooks.post_move_hook(moved, self.device, context)
-            if optimizers:
-                from accel._core.optimizers import retarget_optimizers
-
-                retarget_optimizers(optimizers, restore_point, self.device)
-        except BaseException as exc:
-            add_note(exc, _restored_note(self.device, restore_point.restore()))
-            raise
-        return moved  # type: ignore[return-value]
+        return move_model(self._hooks, self.spec, self.device, self._tie_check, model, optimizer)
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move every tensor in ``batch`` (nested dicts, lists, tuples, namedtuples,
         dataclasses) to :attr:`device`, keeping container types; other values pass
         through unchanged.
         """
-        if self._hooks.only_fallback("batch_to_device"):
-            # No plugin moves batches differently: skip the hook machinery (a few µs
-            # a call, which adds up over a training loop's small batches).
-            return move_batch(batch, self.device)
         return self._hooks.batch_to_device(batch, self.device)
 
+    def optimizer_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        closure: Callable[[], Any] | None = None,
+        *,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> Any:
+        """Step ``optimizer`` as this accelerator needs; return what the step returns.
 
-#: What a restore puts back, for the note on a failed move.
-_RESTORED = (
-    "every parameter, buffer and submodule slot, the parameters' data, gradients and "
-    "requires_grad, and every module's training mode"
-)
-# Tensors named in full in the note; a longer list is cut.
-_UNRESTORED_SHOWN = 10
+        On XLA this reduces gradients across replicas when several processes train
+        (torch_xla's own reduction; not again for gradients :meth:`clip_grad_norm_`
+        reduced), steps, and marks the step, so a loop compiles a bounded number of
+        graphs. Elsewhere it is ``optimizer.step(closure)``. With ``scaler`` (from
+        :meth:`grad_scaler`) the step is ``scaler.step(optimizer)`` then
+        ``scaler.update()``, inside the same reduction and mark.
 
+        :raises TypeError: ``optimizer`` is not a ``torch.optim.Optimizer``,
+            ``closure`` is neither ``None`` nor callable, or ``scaler`` is no scaler.
+        :raises ValueError: both ``closure`` and an enabled ``scaler``.
+        """
+        checked_step_arguments(optimizer, closure, scaler)
+        try:
+            return self._hooks.optimizer_step(optimizer, closure, self.device, scaler)
+        except Exception as exc:
+            add_note(
+                exc,
+                f"accel: optimizer_step for accelerator {self.name!r} failed; the model "
+                f"and optimizer are as the optimizer left them.",
+            )
+            raise
 
-def _name_as_the_handles(groups: tuple[type, ...]) -> None:
-    """Give the inherited methods the handle's name, so Python's own errors about their
-    arguments say ``Accelerator.clip_grad_norm_()``, the method users call."""
-    for group in groups:
-        for name, member in vars(group).items():
-            if callable(member) and not name.startswith("_"):
-                member.__qualname__ = f"Accelerator.{name}"
+    def clip_grad_norm_(
+        self,
+        parameters: Iterable[torch.Tensor] | torch.Tensor,
+        max_norm: float,
+        norm_type: float = 2.0,
+    ) -> torch.Tensor:
+        """Scale the gradients of ``parameters`` so their total ``norm_type``-norm is at
+        most ``max_norm``; return the norm before clipping, as a tensor (no host sync).
 
+        Equal to ``torch.nn.utils.clip_grad_norm_`` on one device; with FSDP2's sharded
+        gradients the norm is the whole model's. On XLA with several replicas the
+        gradients are reduced across replicas first (so every replica clips the same,
+        reduced gradients) and :meth:`optimizer_step` does not reduce them again. With a
+        float16 ``scaler``, call ``scaler.unscale_(optimizer)`` first.
 
-_name_as_the_handles(Accelerator.__mro__[1:-1])
+        :raises TypeError: ``parameters`` holds something other than tensors, or a norm
+            is not a number.
+        :raises ValueError: ``max_norm`` is negative or NaN, or ``norm_type`` is not
+            positive.
+        """
+        params, maximum, norm = checked_clip_arguments(parameters, max_norm, norm_type)
+        return self._hooks.clip_grad_norm_(params, maximum, norm, self.device)
 
+    # Users call it on the handle: a call without max_norm then says
+    # "Accelerator.clip_grad_norm_() missing 1 required positional argument: 'max_norm'",
+    # not the name of this internal method group (Accelerator inherits it unchanged).
 
-def _restored_note(device: torch.device, unrestored: list[str]) -> str:
-    """The note on a failed move: what was restored and, exactly, what was not."""
-    if not unrestored:
-        return (
-            f"accel: moving the model to {device} failed; the model was restored as it was "
-            f"before the move ({_RESTORED}; no tensor was changed in place)."
-        )
-    shown = ", ".join(unrestored[:_UNRESTORED_SHOWN])
-    if len(unrestored) > _UNRESTORED_SHOWN:
-        shown += f" and {len(unrestored) - _UNRESTORED_SHOWN} more"
-    return (
-        f"accel: moving the model to {device} failed; accel restored {_RESTORED}, but "
-        f"{len(unrestored)} tensor{'s were' if len(unrestored) != 1 else ' was'} changed in "
-        f"place during the move and keep{'' if len(unrestored) != 1 else 's'} the new values "
-        f"(accel keeps no copies of values): {shown}."
-    )
+    def no_sync(self, model: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
+        """A context in which ``backward()`` does not all-reduce ``model``'s gradients:
+        the micro-steps of gradient accumulation. ``enabled=False`` (the last micro-step)
+        changes nothing, so one ``with`` serves every micro-step.
 
+        DDP's ``no_sync()``; FSDP2's ``set_requires_gradient_sync(False)`` (set back to
+        ``True`` on exit); on XLA, where gradients are reduced only in
+        :meth:`clip_grad_norm_` and :meth:`optimizer_step`, and for a plain model,
+        nothing to skip.
 
-# id(model) -> (a weak reference to it, its move lock). Kept here rather than as an
-# attribute of the model, which would break copy.deepcopy and pickling of the model
-# (locks are neither copyable nor picklable). Keyed by id rather than by the model
-# (a WeakKeyDictionary) so that a model with its own __eq__/__hash__ works too; the
-# weak reference's callback drops the entry before the id can be reused.
-_MOVE_LOCKS: dict[int, tuple[weakref.ref[nn.Module], threading.RLock]] = {}
-_MOVE_LOCKS_GUARD = threading.Lock()
+        :raises TypeError: ``model`` is not a module, or ``enabled`` not a bool.
+        """
+        checked_no_sync_arguments(model, enabled)
+        return self._hooks.no_sync(model, enabled, self.device)
 
+    def grad_scaler(
+        self, dtype: torch.dtype | str | None = None, **options: Any
+    ) -> torch.amp.GradScaler | None:
+        """A ``torch.amp.GradScaler`` for this device where training in ``dtype`` (by
+        default the accelerator's :meth:`autocast` type) needs loss scaling, float16;
+        ``None`` for bfloat16 and float32. ``options`` go to the scaler
+        (``init_scale=``, ``growth_interval=``, ...). Pass the result to
+        :meth:`optimizer_step` as ``scaler=``; ``None`` there means no scaling, so one
+        loop serves both.
 
-def _move_lock(model: nn.Module) -> threading.RLock:
-    """The lock that serialises moves of ``model``, created on its first move.
+        :raises ValueError: the device cannot autocast to ``dtype``.
+        """
+        chosen = requested_dtype(dtype)
+        if chosen is None:
+            # The accelerator's default, as its autocast hook chooses it.
+            context = self._hooks.autocast(self.device, None)
+            chosen = getattr(context, "fast_dtype", None)
+        elif chosen is not torch.float32:
+            self._hooks.autocast(self.device, chosen)  # the same refusal as autocast()
+        if chosen is not torch.float16:
+            return None
+        return self._hooks.grad_scaler(self.device, options)
 
-    Re-entrant: a hook may move the same model again from the same thread.
-    """
-    key = id(model)
-    entry = _MOVE_LOCKS.get(key)
-    if entry is not None and entry[0]() is model:
-        return entry[1]
-    with _MOVE_LOCKS_GUARD:
-        entry = _MOVE_LOCKS.get(key)
-        if entry is None or entry[0]() is not model:
-            reference = weakref.ref(model, functools.partial(_forget_lock, key))
-            entry = (reference, threading.RLock())
-            _MOVE_LOCKS[key] = entry
-        return entry[1]
+    def compile(self, model: _Compiled, **options: Any) -> _Compiled:
+        """``torch.compile(model, **options)`` with this accelerator's backend (the
+        ``compile_backend`` hook: inductor on the CPU and CUDA, ``openxla`` on TPU);
+        ``backend=`` in ``options`` overrides it. The compiled module shares the
+        model's parameters, so ties stay tied, and :meth:`state_dict` of it has the
+        plain model's keys (no ``_orig_mod.`` prefix).
 
+        :raises TypeError: ``model`` is neither a module nor a callable.
+        """
+        if not callable(model):
+            raise TypeError(
+                f"compile expects a torch.nn.Module or a function, got {type(model).__name__}"
+            )
+        backend = options.pop("backend", None)
+        if backend is None:
+            backend = self._hooks.compile_backend(self.device)
+        return torch.compile(model, backend=backend, **options)  # type: ignore[return-value]
 
-def _forget_lock(key: int, reference: weakref.ref[nn.Module]) -> None:
-    with _MOVE_LOCKS_GUARD:
-        entry = _MOVE_LOCKS.get(key)
-        if entry is not None and entry[0] is reference:
-            del _MOVE_LOCKS[key]
+    def mark_step(self) -> None:
+        """End a step: on XLA, cut the pending lazy graph and run it; elsewhere nothing."""
+        self._hooks.mark_step(self.device)
 
+    def synchronize(self) -> None:
+        """Block until the device has finished the work queued on it so far."""
+        self._hooks.synchronize(self.device)
 
-def _mp_model_wrapper_parts(obj: object) -> tuple[nn.Module, Any] | None:
-    """The model and lock inside torch_xla's ``MpModelWrapper``, else ``None``.
+    def manual_seed(self, seed: int) -> None:
+        """Seed torch on the host and on this accelerator's devices (XLA keeps its own
+        random state), so the same seed gives the same run on this accelerator.
 
-    Recognised by its class, without importing torch_xla; the attributes are the ones
-    its own ``to()`` uses (stable across torch_xla releases).
-    """
-    cls = type(obj)
-    if cls.__name__ != "MpModelWrapper" or not cls.__module__.startswith("torch_xla"):
-        return None
-    module, lock = getattr(obj, "_model", None), getattr(obj, "_lock", None)
-    if module is None or lock is None:
-        raise TypeError(
-            f"model_to_device got a torch_xla MpModelWrapper without the _model/_lock "
-            f"attributes accel knows ({cls.__module__}); move its model yourself with "
-            f"model_to_device(wrapper._model) or pass the model unwrapped"
-        )
-    return module, lock
+        :raises TypeError: ``seed`` is not an int.
+        :raises ValueError: ``seed`` is outside what torch accepts.
+        """
+        checked_seed(seed)
+        self._hooks.manual_seed(seed, self.device)
 
+    def autocast(
+        self, dtype: torch.dtype | str | None = None, *, enabled: bool = True
+    ) -> AbstractContextManager[Any]:
+        """A context manager running its block in mixed precision on this accelerator.
 
-def _as_optimizer_list(
-    optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None,
-) -> list[torch.optim.Optimizer]:
-    import torch
+        ``dtype`` defaults to the accelerator's preferred low-precision type: bfloat16
+        on TPU and CPU, on CUDA bfloat16 where the GPU supports it and float16
+        otherwise, float16 on MPS. Uses ``torch.autocast``. A dtype may be given by
+        name (``"bfloat16"``).
 
-    if optimizer is None:
-        return []
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return [optimizer]
-    expected = "optimizer= must be a torch.optim.Optimizer, an iterable of them, or None"
-    if isinstance(optimizer, (torch.nn.Module, str, bytes)) or not isinstance(optimizer, Iterable):
-        raise TypeError(f"{expected}; got {type(optimizer).__name__}")
-    optimizers = list(optimizer)
-    for item in optimizers:
-        if not isinstance(item, torch.optim.Optimizer):
-            raise TypeError(f"{expected}; got an iterable containing {type(item).__name__}")
-    return optimizers
+        ``enabled=False``, or ``dtype=torch.float32``, runs the block in full
+        precision, also inside an enclosing ``autocast`` block (a loss computed in
+        float32); that needs no plugin, so it asks no hook.
+
+        :raises ValueError: the device cannot autocast to ``dtype`` (torch itself would
+            only warn and run the block in full precision).
+        """
+        chosen = requested_dtype(dtype)
+        if not isinstance(enabled, bool):
+            raise TypeError(f"autocast(enabled=...) expects a bool, got {type(enabled).__name__}")
+        if not enabled or chosen is torch.float32:
+            return full_precision(self.device)
+        return self._hooks.autocast(self.device, chosen)
+
+    def memory_stats(self) -> MemoryStats:
+        """This device's memory: ``allocated_bytes``, ``peak_allocated_bytes``,
+        ``total_bytes``, the same keys on every accelerator; a value the runtime does not
+        report is ``None``. On the CPU: the process's resident memory and the RAM.
+        """
+        return self._hooks.memory_stats(self.device)
+
+    def device_loader(self, loader: Iterable[_Batch]) -> DeviceLoader[_Batch]:
+        """Iterate ``loader``'s batches already on :attr:`device`, moved ahead of use.
+
+        XLA uses torch_xla's parallel loader and marks the step as the next batch is
+        handed out, except between the micro-steps of an accumulation; CUDA copies the
+        next batch from pinned memory while the current one is used; the CPU yields the
+        batches as they are. ``len()`` is the loader's, where it
+        has one; every ``for`` over the result is a new epoch.
+
+        :raises TypeError: ``loader`` is not iterable.
+        """
+        checked_loader(loader)
+        move = self.batch_to_device if self._hooks.moves_batches else BatchMover(self.device)
+        batches = self._hooks.device_loader(loader, self.device, move)
+        return DeviceLoader(loader, batches, f"{type(loader).__name__} -> {self.device}")
+
+    def state_dict(self, model: nn.Module) -> dict[str, Any]:
+        """``model``'s state dict with every tensor on the CPU; a tensor the model holds
+        under several names (a tied weight) is one CPU tensor under all of them, so
+        ``torch.save`` stores it once and ``load_state_dict`` restores the tie. Of a
+        compiled model (:meth:`compile`), the plain model's keys.
+        """
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"state_dict expects a torch.nn.Module, got {type(model).__name__}; use "
+                f"save() for other objects"
+            )
+        return self._hooks.state_dict(unwrap_compiled(model))
+
+    def save(self, obj: Any, path: str | os.PathLike[str]) -> None:
+        """Write ``obj`` to ``path`` atomically and durably, its tensors on the CPU
+        (shared tensors stay shared); in a distributed job only the main process
+        writes, and every process returns once the file is complete.
+
+        Modules, optimizers, LR schedulers and grad scalers are stored as their state
+        dicts (a module's through :meth:`state_dict`, a tied weight once), as ``obj``
+        itself or anywhere in its dicts, lists and tuples; other values as they are.
+        ``path`` holds the previous file or the new one at any moment, never a torn
+        one. Saving leaves every random generator as it was.
+
+        :raises TypeError: something in ``obj`` that :meth:`load` could not read back
+            (``weights_only``), named by its key path; nothing is written.
+        :raises OSError: the file could not be written; the message names ``path``,
+            and the previous file there is unchanged.
+        """
+        checked_path("save", path)
+        if not self._hooks.marks_steps:
+            self._hooks.save(storable(obj, self.state_dict), path)
+            return
+        # XLA: run what is pending so tensors cross as data. Each step mark (this one,
+        # and state_dict's for every module) advances XLA's generator; put it back, so
+        # that this save does not show in later draws.
+        device_rng = self._hooks.rng_state(self.device)
+        try:
+            stored = storable(obj, self.state_dict)
+            self.mark_step()
+            self._hooks.save(stored, path)
+        finally:
+            self._hooks.set_rng_state(device_rng, self.device)
+
+    def load(self, path: str | os.PathLike[str], state: Any = None) -> Any:
+        """Read a checkpoint :meth:`save` wrote, with ``weights_only=True``.
+
+        Without ``state``: the stored object, its tensors on the CPU. With ``state``
+        (the dict that was saved, say): every value with ``load_state_dict`` gets its
+        stored state in place (a module keeps its device and its ties, optimizer state
+        lands on its parameters' device; a compiled model through the model it wraps),
+        and the other stored entries are returned as a dict. ``state`` may also be the
+        one object that was saved on its own (``save(model, path)`` stores the model's
+        state dict; ``load(path, model)`` restores it and returns ``{}``). Nothing
+        changes unless everything fits: modules' keys and shapes, optimizers' parameter
+        groups and parameter-shaped state are all checked first.
+
+        :raises FileNotFoundError: no file at ``path``.
+        :raises KeyError: a key of ``state`` with ``load_state_dict`` is not in the file.
+        :raises ValueError: the file is not a checkpoint, or a module's parameters differ
+            in name or shape, or an optimizer's parameter groups (named).
+        :raises pickle.UnpicklingError: the file holds objects ``weights_only`` refuses.
+        """
+        checked_path("load", path)
+        checked_state(state)
+        stored = self._hooks.load(path)
+        if state is None:
+            return stored
+        remainder = restore_into(stored, state, os.fspath(path))
+        self.mark_step()  # XLA: the restored tensors become device data in one step
+        return remainder
+
+    def rng_state(self) -> dict[str, Any]:
+        """The state of every generator a run draws from: ``"python"``, ``"numpy"``
+        (``None`` without NumPy), ``"torch"`` (the host) and ``"device"`` (this
+        accelerator's generators; XLA keeps its own). Store it in a checkpoint and give
+        it back to :meth:`set_rng_state`."""
+        return {**host_rng_state(), "device": self._hooks.rng_state(self.device)}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Put every generator back as :meth:`rng_state` found it.
+
+        :raises TypeError: ``state`` is not a dict.
+        :raises ValueError: an entry is missing, or the device state is from another
+            device type.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"set_rng_state expects the dict acc.rng_state() returned, got "
+                f"{type(state).__name__}"
+            )
+        set_host_rng_state(dict(state))
+        if state.get("device") is not None:
+            self._hooks.set_rng_state(state["device"], self.device)
+
+    def preemption_guard(self, *, signals: tuple[int, ...] | None = None) -> PreemptionGuard:
+        """A context manager that notes SIGTERM and SIGUSR1 instead of dying of them.
+
+        Inside it, ``guard.requested`` turns true at the step where a signal was noted,
+        on every process of a distributed job at the same step; save then and leave
+        the loop. The previous signal handlers are back on exit.
+        """
+        return PreemptionGuard(self.device, signals=signals)

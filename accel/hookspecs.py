@@ -30,8 +30,7 @@ from accel.markers import hookspec
 if TYPE_CHECKING:
     import torch
 
-    from accel.training.memory import MemoryStats
-    from accel.types import AcceleratorSpec, Availability, MoveContext
+    from accel.types import AcceleratorSpec, Availability, MemoryStats, MoveContext
 
 __all__ = [
     "autocast",
@@ -270,13 +269,13 @@ def clip_grad_norm_(
     reduced across replicas *in* the step, reduce them here first, or every replica
     clips its own unreduced gradients, and make the step not reduce them again: the
     TPU plugin does both. *First result*: the fallback is
-    :func:`accel.training.clipping.clip_grad_norm` (torch's ``clip_grad_norm_``, with
+    :func:`accel.training.step.clip_grad_norm` (torch's ``clip_grad_norm_``, with
     FSDP2's sharded norm reduced to a plain tensor). Example::
 
         @accel.hookimpl
         def clip_grad_norm_(parameters, max_norm, norm_type):
             my_runtime.all_reduce_gradients(parameters)
-            return accel.training.clipping.clip_grad_norm(parameters, max_norm, norm_type)
+            return accel.training.step.clip_grad_norm(parameters, max_norm, norm_type)
     """
     raise NotImplementedError
 
@@ -290,7 +289,7 @@ def no_sync(
 
     ``enabled`` is ``False`` on the micro-step that must sync (the last); return a
     context that changes nothing then. *First result*: the fallback
-    (:func:`accel.training.accumulation.gradient_sync_paused`) uses DDP's
+    (:func:`accel.training.step.gradient_sync_paused`) uses DDP's
     ``no_sync()``, FSDP2's ``set_requires_gradient_sync(False)``, and nothing for a
     plain model. Implement it for a runtime that reduces gradients in ``backward()``
     in a way of its own. Example::
@@ -441,12 +440,12 @@ def device_loader(
     class with ``__iter__``, not a generator). ``move`` is the handle's
     ``batch_to_device``, with every plugin's batch hooks: pass every batch through
     it, so those hooks run whichever loader is in use (where no plugin implements
-    ``batch_to_device``, ``move`` is accel's own ``move_batch``, an
-    :class:`~accel.training.batch.BatchMover`, which a loader that already moved a
-    batch whole may skip). Transfer ahead of use where the device allows it: the TPU
-    plugin lets torch_xla's ``MpDeviceLoader`` copy the CPU tensors, rebuilds each
-    batch as the loader made it and then calls ``move`` on it; the CUDA plugin copies the next batch from pinned memory while the
-    current one is used. Batches may already be on the device, and ``loader`` may be
+    ``batch_to_device``, ``move`` is accel's own ``move_batch``, a ``BatchMover``, which
+    a loader that already moved a batch whole may skip). Transfer ahead of use where
+    the device allows it: the TPU plugin lets torch_xla's ``MpDeviceLoader`` copy the
+    CPU tensors, rebuilds each batch as the loader made it and then calls ``move`` on
+    it; the CUDA plugin copies the next batch from pinned memory while the current one
+    is used. Batches may already be on the device, and ``loader`` may be
     a :class:`~accel.training.device_loader.DeviceLoader` itself (wrapped twice).
     *First result*: the fallback moves each batch with ``move`` as it is taken.
     Example::

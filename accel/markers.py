@@ -10,7 +10,7 @@ from typing import Final
 
 import pluggy
 
-__all__ = ["PROJECT_NAME", "hookimpl", "hookspec"]
+__all__ = ["hookimpl", "hookspec"]
 
 #: pluggy project name, and the entry-point group third-party plugins register under.
 PROJECT_NAME: Final = "accel"

@@ -1,10 +1,11 @@
 """The accelerator registry: a set of plugins and the way to select among them.
 
 A small facade over four parts, each owning its own state (see docs/architecture.md):
-the catalog of accelerators and names (:mod:`accel._core.catalog`), the entry-point
-loader (:mod:`accel._core.loading`), hook dispatch with one pluggy manager per accelerator
-(:mod:`accel._core.dispatch`), and selection (:mod:`accel._core.selection`). Two registries in
-one process share nothing. Plugins load on first use, never at ``import accel``.
+the catalog of accelerators and names (:mod:`accel._registry.catalog`), the
+entry-point loader (:mod:`accel._registry.loading`), hook dispatch with one pluggy
+manager per accelerator (:mod:`accel._registry.dispatch`), and selection
+(:mod:`accel._registry.selection`). Two registries in one process share nothing.
+Plugins load on first use, never at ``import accel``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple, final
 
-from accel._core.catalog import BUILTIN_PROVIDER, Catalog, Conflict
-from accel._core.declarations import check_plugin_object, declared_specs, plugin_label
-from accel._core.dispatch import Dispatcher
-from accel._core.loading import EntryPointLoader
-from accel._core.names import PLUGINS_ENV
-from accel._core.selection import Selector
+import accel.plugins as builtin_plugins
+import accel.plugins._fallbacks as fallbacks
+from accel._registry.catalog import BUILTIN_PROVIDER, Catalog, Conflict
+from accel._registry.declarations import check_plugin_object, declared_specs, plugin_label
+from accel._registry.dispatch import Dispatcher
+from accel._registry.loading import EntryPointLoader
+from accel._registry.selection import Selector
+from accel._util.names import PLUGINS_ENV
 from accel.errors import PluginError, PluginWarning
 from accel.markers import PROJECT_NAME
 from accel.types import AcceleratorInfo, AcceleratorSpec, PluginFailure, TieCheck
@@ -167,13 +170,12 @@ class AcceleratorRegistry:
             return self._parts
 
     def _load(self) -> _Loaded:
-        from accel._core import fallbacks
-
         dispatcher = Dispatcher(fallbacks)
         if self._builtins:
-            from accel.plugins import BUILTIN_PLUGINS
-
-            for builtin_name, factory in BUILTIN_PLUGINS:
+            for (
+                builtin_name,
+                factory,
+            ) in builtin_plugins.BUILTIN_PLUGINS:  # read now: tests replace it
                 self._add(dispatcher, factory(), f"accel.builtin.{builtin_name}", BUILTIN_PROVIDER)
         self._failures.extend(
             self._loader.load(

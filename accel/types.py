@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
-from accel._core.names import check_accelerator_name
+from accel._util.names import check_accelerator_name
 
 if TYPE_CHECKING:
     import torch
@@ -14,6 +14,7 @@ __all__ = [
     "AcceleratorInfo",
     "AcceleratorSpec",
     "Availability",
+    "MemoryStats",
     "MoveContext",
     "PluginFailure",
     "TieCheck",
@@ -154,3 +155,15 @@ class PluginFailure:
     #: Names it tried to claim that another plugin already had; asking for one of
     #: them raises :class:`PluginError` rather than silently picking a provider.
     conflicting_names: tuple[str, ...] = ()
+
+
+class MemoryStats(TypedDict):
+    """Memory of one device, in bytes; ``None`` where the runtime does not report it."""
+
+    #: Bytes in use now (CPU: the process's resident memory).
+    allocated_bytes: int | None
+    #: The most bytes in use at once since the process started, or since the
+    #: runtime's peak counter was last reset (CPU: the process's peak resident memory).
+    peak_allocated_bytes: int | None
+    #: Bytes the device has (CPU: the machine's RAM).
+    total_bytes: int | None

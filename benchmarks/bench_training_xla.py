@@ -48,7 +48,7 @@ def child(model_name: str, side: str) -> dict[str, float]:
     torch.manual_seed(0)
     _, length, batch_size = MODELS[model_name]
     if model_name == "demo":
-        from accel.tools.demo import build_tied_language_model
+        from accel.tools._demo import build_tied_language_model
 
         model, vocab = build_tied_language_model(), 64
     else:

@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from accel._core.notes import add_note
+from accel._util.notes import add_note
 
 __all__ = ["note_culprit"]
 

@@ -13,10 +13,14 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
+import torch
+from torch import nn
+
 from accel._core.blame import note_culprit
-from accel._core.names import describe_index_range
-from accel._core.notes import bad_result_error
-from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError
+from accel._util.names import describe_index_range
+from accel._util.notes import REPORT_TO_AUTHORS
+from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError, PluginError
+from accel.training.memory import memory_stats_problem
 from accel.types import Availability, MoveContext
 
 if TYPE_CHECKING:
@@ -25,7 +29,7 @@ if TYPE_CHECKING:
     import pluggy
     import torch
 
-    from accel.training.memory import MemoryStats
+    from accel.types import MemoryStats
 
 __all__ = ["FALLBACKS_NAME", "AcceleratorHooks", "no_longer_registered"]
 
@@ -38,25 +42,34 @@ _T = TypeVar("_T")
 class AcceleratorHooks:
     """The hooks of one accelerator, as its handle calls them."""
 
-    __slots__ = ("_alive", "_fallback_only", "_manager", "_providers", "name")
+    __slots__ = ("_alive", "_implementations", "_manager", "_providers", "name")
 
     def __init__(self, name: str, manager: pluggy.PluginManager, providers: dict[str, str]):
         #: Canonical accelerator name, passed to every hook as ``accelerator``.
         self.name = name
         self._manager = manager
         self._providers = providers  # plugin name -> provider, shared with the dispatcher
-        self._fallback_only: dict[str, bool] = {}
+        # hook name -> (its implementations in pluggy's call order, only accel's fallback?)
+        self._implementations: dict[str, tuple[list[pluggy.HookImpl], bool]] = {}
         self._alive = True
 
     # -- probing ------------------------------------------------------------------
 
-    def availability(self) -> Availability:
-        """Ask whether the accelerator can be used; never raises."""
+    def availability(self, *, provider: str = "") -> Availability:
+        """Ask whether the accelerator can be used; never raises.
+
+        :param provider: who supplied the accelerator's plugin; a probe that raised is
+            then unavailable with the remedy to fix the plugin or report it there.
+        """
         try:
             return self._expect("is_available", Availability)
         except Exception as exc:
-            # The message already says whom to report it to.
-            return Availability(False, reason=f"probing it failed: {type(exc).__name__}: {exc}")
+            remedy = f"fix the plugin, or report this to its authors ({provider})"
+            return Availability(
+                False,
+                reason=f"probing it failed: {type(exc).__name__}: {exc}",
+                remedy=remedy if provider else "",
+            )
 
     def device_count(self) -> int:
         """The device count of an accelerator found available."""
@@ -75,7 +88,6 @@ class AcceleratorHooks:
         :param requested: the name as the user wrote it, for the message.
         :param source: where that name came from (``" in $ACCEL_ACCELERATOR"``) or ``""``.
         """
-        import torch
 
         count = self.device_count()  # asked even without an index: a bad count fails early
         if index is not None and index >= count:
@@ -103,8 +115,6 @@ class AcceleratorHooks:
     def model_to_device(
         self, model: torch.nn.Module, device: torch.device, context: MoveContext
     ) -> torch.nn.Module:
-        from torch import nn
-
         moved, who = self._first("model_to_device", model=model, device=device, context=context)
         if not isinstance(moved, nn.Module):
             raise self._bad(
@@ -141,8 +151,6 @@ class AcceleratorHooks:
         norm_type: float,
         device: torch.device,
     ) -> torch.Tensor:
-        import torch
-
         norm, who = self._first(
             "clip_grad_norm_",
             parameters=parameters,
@@ -199,8 +207,6 @@ class AcceleratorHooks:
         return self._context("autocast", device=device, dtype=dtype)
 
     def memory_stats(self, device: torch.device) -> MemoryStats:
-        from accel.training.memory import memory_stats_problem
-
         result, who = self._first("memory_stats", device=device)
         problem = memory_stats_problem(result)
         if problem is not None:
@@ -234,15 +240,18 @@ class AcceleratorHooks:
 
     # -- what the handle's fast paths and messages need -----------------------------
 
-    def only_fallback(self, hook_name: str) -> bool:
-        """Whether accel's fallback is the only implementation of ``hook_name`` here,
-        so the handle may do the fallback's work without a hook call."""
-        cached = self._fallback_only.get(hook_name)
-        if cached is None:
-            implementations = self._caller(hook_name).get_hookimpls()
-            cached = all(impl.plugin_name == FALLBACKS_NAME for impl in implementations)
-            self._fallback_only[hook_name] = cached
-        return cached
+    @property
+    def marks_steps(self) -> bool:
+        """Whether a plugin implements ``mark_step``: the device runs a lazy graph (XLA)
+        that a save must cut first, so that tensors cross as data."""
+        return not self._listed("mark_step")[1]
+
+    @property
+    def moves_batches(self) -> bool:
+        """Whether a plugin implements ``batch_to_device``; if none does, a
+        ``device_loader`` hook gets accel's own mover as ``move`` (a ``BatchMover``), which
+        a loader that moved a batch whole itself may skip."""
+        return not self._listed("batch_to_device")[1]
 
     def describe(self, plugin_name: str | None, hook_name: str) -> str:
         """Name the plugin that answered ``hook_name`` (``None``: not known, so every
@@ -266,7 +275,14 @@ class AcceleratorHooks:
     # -- calling ----------------------------------------------------------------------
 
     def _each(self, hook_name: str, **kwargs: Any) -> Any:
-        """Call the hook through pluggy's own loop, naming the plugin that raised."""
+        """Call the hook through pluggy's own loop, naming the plugin that raised.
+
+        Where accel's fallback is the only implementation, it is called directly: the
+        one place the handle's calls skip pluggy's machinery (a few µs a call, which
+        adds up over a training loop's small steps).
+        """
+        if self._listed(hook_name)[1]:  # accel's fallback alone
+            return self._first(hook_name, **kwargs)[0]
         caller = self._caller(hook_name)
         try:
             return caller(accelerator=self.name, **kwargs)
@@ -281,8 +297,7 @@ class AcceleratorHooks:
         and ``trylast`` honoured). With a wrapper among them pluggy runs the call, and
         who answered is not known (``None``).
         """
-        caller = self._caller(hook_name)
-        implementations = caller.get_hookimpls()
+        implementations, _ = self._listed(hook_name)
         if any(impl.wrapper or impl.hookwrapper for impl in implementations):
             return self._each(hook_name, **kwargs), None
         arguments = {"accelerator": self.name, **kwargs}
@@ -290,7 +305,9 @@ class AcceleratorHooks:
             try:
                 result = impl.function(*(arguments[name] for name in impl.argnames))
             except Exception as exc:
-                note_culprit(exc, caller, hook_name, self.provider_of, culprit=impl)
+                note_culprit(
+                    exc, self._caller(hook_name), hook_name, self.provider_of, culprit=impl
+                )
                 raise
             if result is not None:
                 return result, impl.plugin_name
@@ -313,7 +330,17 @@ class AcceleratorHooks:
         raise self._bad(hook_name, f"returned {_shown(result)}; expected {expected.__name__}", who)
 
     def _bad(self, hook_name: str, problem: str, who: str | None) -> Exception:
-        return bad_result_error(hook_name, self.name, problem, self.describe(who, hook_name))
+        return _bad_result_error(hook_name, self.name, problem, self.describe(who, hook_name))
+
+    def _listed(self, hook_name: str) -> tuple[list[pluggy.HookImpl], bool]:
+        """The hook's implementations (pluggy's public ``get_hookimpls()``, cached until
+        a plugin is added or removed) and whether accel's fallback is the only one."""
+        listed = self._implementations.get(hook_name)
+        if listed is None:
+            implementations = self._caller(hook_name).get_hookimpls()
+            fallback_only = all(impl.plugin_name == FALLBACKS_NAME for impl in implementations)
+            listed = self._implementations[hook_name] = (implementations, fallback_only)
+        return listed
 
     def _caller(self, hook_name: str) -> Any:
         if not self._alive:
@@ -324,16 +351,16 @@ class AcceleratorHooks:
 
     def _retire(self) -> None:
         self._alive = False
-        self._fallback_only.clear()
+        self._implementations.clear()
 
     def _add(self, plugin: object, name: str) -> None:
         self._manager.register(plugin, name=name)
-        self._fallback_only.clear()
+        self._implementations.clear()
 
     def _remove(self, plugin: object) -> None:
         if self._manager.is_registered(plugin):
             self._manager.unregister(plugin)
-        self._fallback_only.clear()
+        self._implementations.clear()
 
 
 def _shown(value: object) -> str:
@@ -347,4 +374,16 @@ def no_longer_registered(accelerator: str) -> AcceleratorNotFoundError:
         requested=accelerator,
         known=[],
         suggestion=None,
+    )
+
+
+def _bad_result_error(hook_name: str, accelerator: str, problem: str, who: str) -> Exception:
+    """The :class:`~accel.PluginError` for a hook result accel cannot use.
+
+    :param problem: what is wrong, e.g. ``"returned list ([]), expected dict"``.
+    :param who: the answering plugin, as :meth:`AcceleratorHooks.describe` names it.
+    """
+    return PluginError(
+        f"hook {hook_name!r} for accelerator {accelerator!r} {problem}, from {who}. "
+        f"{REPORT_TO_AUTHORS}"
     )

@@ -23,62 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from accel._core.walk import each_module
+import torch
+
+from accel.tying._slots import SlotContents
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["RestorePoint", "SlotContents"]
-
-
-_Slots = tuple[
-    "nn.Module",
-    dict[str, "torch.Tensor | None"],
-    dict[str, "torch.Tensor | None"],
-    dict[str, "nn.Module | None"],
-]
-
-
-class SlotContents:
-    """Every module's parameter, buffer and submodule slots at one moment.
-
-    Holds references, never copies of tensors: :meth:`restore` puts the very same
-    objects back, so whatever was in a slot keeps its values.
-    """
-
-    __slots__ = ("_saved",)
-
-    def __init__(self, model: nn.Module) -> None:
-        self._saved: list[_Slots] = [
-            (module, dict(module._parameters), dict(module._buffers), dict(module._modules))
-            for module in each_module(model)
-        ]
-
-    def modules(self) -> list[_Slots]:
-        """``(module, parameters, buffers, submodules)`` of each module, as captured."""
-        return self._saved
-
-    def restore(self) -> bool:
-        """Put every captured slot's object back (slots added since are dropped).
-
-        Returns whether any slot had changed.
-        """
-        changed = False
-        for module, parameters, buffers, submodules in self._saved:
-            for live, saved in (
-                (module._parameters, parameters),
-                (module._buffers, buffers),
-                (module._modules, submodules),
-            ):
-                # Compared with `is`: `==` would call tensors' elementwise __eq__.
-                if len(live) != len(saved) or any(
-                    live.get(name) is not value for name, value in saved.items()
-                ):
-                    changed = True
-                    live.clear()
-                    live.update(saved)  # type: ignore[arg-type]
-        return changed
+__all__ = ["RestorePoint"]
 
 
 @dataclass(frozen=True)
@@ -104,8 +57,6 @@ class _VersionWatch:
     __slots__ = ("_aliases", "_moved", "_pointers", "_tensors", "_versions", "_versions_at_move")
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
-        import torch
-
         swapping = torch.__future__.get_swap_module_params_on_conversion()
         plain = _plain_types()
         self._tensors = tensors
@@ -118,7 +69,6 @@ class _VersionWatch:
 
     def mark_moved(self) -> None:
         """Note which tensors the move gave other storage, and their counters then."""
-        import torch
 
         plain = _plain_types()
         self._moved = [
@@ -157,8 +107,6 @@ def _pointer(tensor: torch.Tensor, plain: tuple[type, ...]) -> int:
 
 @functools.cache
 def _plain_types() -> tuple[type, ...]:
-    import torch
-
     return (torch.Tensor, torch.nn.Parameter)
 
 
@@ -224,7 +172,6 @@ class RestorePoint:
         captured; return the qualified names of the tensors whose values were
         changed in place since, which a restore cannot put back (empty if none).
         """
-        import torch
 
         changed = {id(tensor) for tensor in self._watches.changed()}
         if changed:
@@ -285,7 +232,6 @@ def _put_back(
     undo whichever happened. Objects the move replaced are untouched and need
     nothing here.
     """
-    import torch
 
     if _same_storage(tensor.data, data):
         return
@@ -296,8 +242,6 @@ def _put_back(
 
 
 def _as_parameter(data: torch.Tensor, state: _ParameterState) -> torch.Tensor:
-    import torch
-
     return torch.nn.Parameter(data, requires_grad=state.requires_grad)
 
 
@@ -306,7 +250,6 @@ def _as_plain_tensor(data: torch.Tensor) -> torch.Tensor:
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    import torch
 
     # data_ptr() alone is not enough: it is 0 for every XLA and meta tensor.
     return (

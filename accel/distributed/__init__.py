@@ -21,40 +21,31 @@ Importing this package does not import torch; the functions do.
 
 from __future__ import annotations
 
-from accel.distributed._checkpoint import load_sharded, save_sharded
-from accel.distributed._data_parallel import wrap_data_parallel
-from accel.distributed._devices import local_accelerator
-from accel.distributed._errors import DistributedSetupError
-from accel.distributed._fsdp import fully_shard_tied
-from accel.distributed._launchers import (
-    DEFAULT_MASTER_PORT,
-    OPENMPI_VARIABLES,
-    SLURM_VARIABLES,
-    TORCHRUN_VARIABLES,
-    LaunchEnvironment,
-    TorchrunEnvironment,
-    read_launch_environment,
-    read_torchrun_environment,
-)
-from accel.distributed._process_group import (
-    DistributedContext,
-    current_context,
-    destroy_process_group,
-    init_process_group,
-    process_group,
-)
-from accel.distributed._spmd import SpmdContext, current_spmd_context, init_spmd, shard_batch
+from typing import TYPE_CHECKING
+
+from accel._util.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from accel.distributed._checkpoint import load_sharded, save_sharded
+    from accel.distributed._data_parallel import wrap_data_parallel
+    from accel.distributed._devices import local_accelerator
+    from accel.distributed._errors import DistributedSetupError
+    from accel.distributed._fsdp import fully_shard_tied
+    from accel.distributed._launchers import LaunchEnvironment, read_launch_environment
+    from accel.distributed._process_group import (
+        DistributedContext,
+        current_context,
+        destroy_process_group,
+        init_process_group,
+        process_group,
+    )
+    from accel.distributed._spmd import SpmdContext, current_spmd_context, init_spmd, shard_batch
 
 __all__ = [
-    "DEFAULT_MASTER_PORT",
-    "OPENMPI_VARIABLES",
-    "SLURM_VARIABLES",
-    "TORCHRUN_VARIABLES",
     "DistributedContext",
     "DistributedSetupError",
     "LaunchEnvironment",
     "SpmdContext",
-    "TorchrunEnvironment",
     "current_context",
     "current_spmd_context",
     "destroy_process_group",
@@ -65,8 +56,29 @@ __all__ = [
     "local_accelerator",
     "process_group",
     "read_launch_environment",
-    "read_torchrun_environment",
     "save_sharded",
     "shard_batch",
     "wrap_data_parallel",
 ]
+
+_DEFINED_IN = {
+    "DistributedContext": "accel.distributed._process_group",
+    "DistributedSetupError": "accel.distributed._errors",
+    "LaunchEnvironment": "accel.distributed._launchers",
+    "SpmdContext": "accel.distributed._spmd",
+    "current_context": "accel.distributed._process_group",
+    "current_spmd_context": "accel.distributed._spmd",
+    "destroy_process_group": "accel.distributed._process_group",
+    "fully_shard_tied": "accel.distributed._fsdp",
+    "init_process_group": "accel.distributed._process_group",
+    "init_spmd": "accel.distributed._spmd",
+    "load_sharded": "accel.distributed._checkpoint",
+    "local_accelerator": "accel.distributed._devices",
+    "process_group": "accel.distributed._process_group",
+    "read_launch_environment": "accel.distributed._launchers",
+    "save_sharded": "accel.distributed._checkpoint",
+    "shard_batch": "accel.distributed._spmd",
+    "wrap_data_parallel": "accel.distributed._data_parallel",
+}
+
+__getattr__, __dir__ = lazy_names(globals(), _DEFINED_IN, __all__)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
+
 if TYPE_CHECKING:
     from accel.accelerator import Accelerator
 
@@ -24,7 +26,6 @@ def device_backends(backend: str, device_type: str) -> dict[str, str]:
     :param device_type: the accelerator's device type, assumed carried by a plain
         backend name torch has no capability entry for.
     """
-    import torch.distributed as dist
 
     if ":" in backend:
         pairs = (part.split(":", 1) for part in backend.split(",") if part.strip())
@@ -48,7 +49,6 @@ def group_backend(acc: Accelerator) -> str:
     group torch starts when asked for no backend, so that CPU collectives (a metric,
     an object broadcast) work on a GPU job too. Anything else is used as declared.
     """
-    import torch.distributed as dist
 
     declared = acc.distributed_backend
     device_type = acc.device.type
@@ -61,7 +61,6 @@ def group_backend(acc: Accelerator) -> str:
 
 def memory_store() -> Any:
     """An in-memory rendezvous store, for a world of one process: no port to collide."""
-    import torch.distributed as dist
 
     # torch re-exports HashStore from its C extension without declaring it in __all__.
     return dist.HashStore()  # type: ignore[attr-defined]

@@ -24,7 +24,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accel._core.files import fsync_directory, process_alive
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from accel._util.files import fsync_directory, process_alive
 from accel.distributed._spmd_checkpoint import is_spmd, spmd_entry, spmd_load, spmd_save_planner
 
 if TYPE_CHECKING:
@@ -48,8 +60,6 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     :raises FileExistsError: ``path`` exists already (sharded checkpoints are written
         once: name them by step with :func:`accel.training.retention.checkpoint_path`).
     """
-    import torch.distributed as dist
-    from torch.distributed.checkpoint import state_dict_saver
 
     target = Path(os.fspath(path))
     spmd = is_spmd()
@@ -97,11 +107,6 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
 
     :raises FileNotFoundError: no checkpoint at ``path``.
     """
-    from torch.distributed.checkpoint import state_dict_loader
-    from torch.distributed.checkpoint.state_dict import (
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
 
     target = Path(os.fspath(path))
     if not (target / ".metadata").is_file():
@@ -139,9 +144,6 @@ def _weights_only_planner() -> Any:
     :meth:`Accelerator.load` reads a file: ``weights_only``, so nothing in it runs."""
     import io
 
-    import torch
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-
     class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             data = value.getvalue()
@@ -154,12 +156,6 @@ def _weights_only_planner() -> Any:
 def _app_state(
     state: Mapping[str, Any], caller: str, spmd: bool
 ) -> tuple[nn.Module, dict[str, Any]]:
-    from torch import nn
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
     if not isinstance(state, Mapping):
         raise TypeError(f"{caller} expects a dict of the run's objects, got {type(state).__name__}")
     modules = [key for key, value in state.items() if isinstance(value, nn.Module)]
@@ -185,8 +181,6 @@ def _app_state(
 
 
 def _is_optimizer(value: object) -> bool:
-    import torch
-
     return isinstance(value, torch.optim.Optimizer)
 
 

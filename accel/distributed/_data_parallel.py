@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
 from accel.distributed._backends import backend_for_device
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._process_group import DistributedContext, current_context
@@ -34,7 +38,6 @@ def wrap_data_parallel(
         (``mps``: gloo has no MPS tensors).
     :raises ValueError: a parameter or buffer is not on ``context.device``.
     """
-    from torch.nn.parallel import DistributedDataParallel
 
     context = running_context(model, context, "wrap_data_parallel")
     check_model_on_device(model, context)
@@ -52,8 +55,6 @@ def running_context(
 ) -> DistributedContext:
     """``context``, checked to be the running group's and able to carry the model's
     tensors; ``None`` means the running one."""
-    import torch.distributed as dist
-    from torch import nn
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"{caller} expects a torch.nn.Module, got {type(model).__name__}")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Final
 
-from accel._core.notes import add_note
+from accel import Accelerator
+from accel._util.notes import add_note
 from accel.distributed._backends import device_backends
 from accel.distributed._errors import DistributedSetupError
 from accel.errors import AcceleratorError
@@ -97,7 +98,6 @@ def resolve_accelerator(
     accelerator: Accelerator | str | None, registry: AcceleratorRegistry | None
 ) -> Accelerator:
     """A handle for ``accelerator`` (a handle, a name, or ``None`` for the default)."""
-    from accel import Accelerator
 
     if isinstance(accelerator, Accelerator):
         return accelerator

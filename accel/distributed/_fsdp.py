@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from torch.distributed import fsdp
+from torch.distributed.device_mesh import init_device_mesh
+
 from accel.distributed._data_parallel import check_model_on_device, running_context
 from accel.distributed._errors import DistributedSetupError
 from accel.errors import WeightTyingError
@@ -59,8 +62,6 @@ def fully_shard_tied(
         parameter is off ``context.device``.
     :raises accel.WeightTyingError: a tie came apart all the same.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     context = running_context(model, context, "fully_shard_tied")
     if context.backend == "xla":
@@ -75,8 +76,8 @@ def fully_shard_tied(
     if mesh is None:
         mesh = init_device_mesh(context.device.type, (context.world_size,))
     for unit in units:
-        fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, **options)
-    fully_shard(model, mesh=mesh, **options)
+        fsdp.fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, **options)
+    fsdp.fully_shard(model, mesh=mesh, **options)
     broken = [group for group in groups if not group.is_tied()]
     if broken:
         count_after = count_unique_parameters(model)

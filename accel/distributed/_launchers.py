@@ -36,7 +36,6 @@ __all__ = [
     "SLURM_VARIABLES",
     "TORCHRUN_VARIABLES",
     "LaunchEnvironment",
-    "TorchrunEnvironment",
     "read_launch_environment",
     "read_torchrun_environment",
 ]
@@ -101,10 +100,6 @@ class LaunchEnvironment:
     #: Where :attr:`master_port` came from, for error messages: ``"MASTER_PORT"``, or the
     #: variables it was derived from. Not part of equality: it describes, it decides nothing.
     master_port_source: str = field(default="MASTER_PORT", compare=False)
-
-
-#: The name this class had when torchrun was the only launcher; still works.
-TorchrunEnvironment = LaunchEnvironment
 
 
 def read_launch_environment(

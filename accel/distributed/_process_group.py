@@ -11,6 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+import torch.distributed as dist
+
 from accel.distributed._backends import device_backends, group_backend, memory_store
 from accel.distributed._devices import local_accelerator
 from accel.distributed._errors import DistributedSetupError
@@ -99,7 +102,6 @@ def init_process_group(
         has no process group (use :func:`init_spmd`).
     """
     global _active
-    import torch.distributed as dist
 
     timeout_delta = _as_timedelta(timeout)
     if not dist.is_available():
@@ -139,9 +141,6 @@ def _start_group(
     environment: LaunchEnvironment | None,
     timeout: datetime.timedelta | None,
 ) -> None:
-    import torch
-    import torch.distributed as dist
-
     backend = group_backend(acc)
     options: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     if acc.device.type == "cuda":
@@ -202,7 +201,6 @@ def _existing_context(
     acc: Accelerator, backend: str, environment: LaunchEnvironment | None
 ) -> DistributedContext:
     global _active
-    import torch.distributed as dist
 
     running = str(dist.get_backend())
     wanted = group_backend(acc)
@@ -237,7 +235,6 @@ def _running_context(
     acc: Accelerator, backend: str, environment: LaunchEnvironment | None
 ) -> DistributedContext:
     """The context of the process group now running, for ``acc``."""
-    import torch.distributed as dist
 
     return DistributedContext(
         rank=dist.get_rank(),
@@ -261,7 +258,6 @@ def destroy_process_group(*, barrier: bool = True) -> bool:
     :returns: whether a group was running.
     """
     global _active
-    import torch.distributed as dist
 
     with _lock:
         _active = None

@@ -12,8 +12,11 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
+
 from accel.distributed._devices import resolve_accelerator
 from accel.distributed._errors import DistributedSetupError
+from accel.training.nested import tensors_in
 
 if TYPE_CHECKING:
     import torch
@@ -109,7 +112,6 @@ def _switch_to_spmd() -> tuple[Any, Any]:
         raise DistributedSetupError(
             f"init_spmd needs torch_xla, and importing it failed ({exc}); pip install 'accel[tpu]'"
         ) from exc
-    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_backend() == "xla":
         raise DistributedSetupError(
@@ -150,7 +152,6 @@ def shard_batch(batch: Any, context: SpmdContext | None = None) -> Any:
     import torch_xla.distributed.spmd as xs
 
     moved = context.accelerator.batch_to_device(batch)
-    from accel.training.nested import tensors_in
 
     for tensor in tensors_in(moved):
         if tensor.dim() == 0:

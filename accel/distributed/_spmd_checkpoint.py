@@ -18,6 +18,10 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from accel.distributed._spmd import current_spmd_context
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -29,7 +33,6 @@ def is_spmd() -> bool:
     """Whether this process runs XLA SPMD (:func:`init_spmd`, or torch_xla's own
     ``use_spmd()``). Never imports torch_xla: a process that has not imported it
     is not running SPMD."""
-    from accel.distributed._spmd import current_spmd_context
 
     if current_spmd_context() is not None:
         return True
@@ -57,7 +60,6 @@ def spmd_load(
     """Load into ``app_state`` in place with ``read(app_state, planner)``, first giving
     every optimizer the state tensors it will be loaded into; the module is loaded
     through its own Parameters, so it keeps its device, its sharding and its ties."""
-    import torch
 
     for value in state.values():
         if _is_optimizer(value) and not value.state:
@@ -82,7 +84,6 @@ def spmd_save_planner() -> Any:
 def spmd_load_planner() -> Any:
     """torch_xla's load planner, reading pickled entries ``weights_only`` (as
     :meth:`Accelerator.load` does), so nothing in the checkpoint runs."""
-    import torch
     from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner
 
     class WeightsOnlySPMDLoadPlanner(SPMDLoadPlanner):  # type: ignore[misc]
@@ -107,6 +108,4 @@ def _prime(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _is_optimizer(value: object) -> bool:
-    import torch
-
     return isinstance(value, torch.optim.Optimizer)

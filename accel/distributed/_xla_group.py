@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Any
 
+import torch.distributed as dist
+
 from accel.distributed._backends import memory_store
 from accel.distributed._errors import DistributedSetupError
 
@@ -22,7 +24,6 @@ def start_xla_group(
     :raises DistributedSetupError: the runtime is in SPMD mode, or it does not see
         the processes the launcher started.
     """
-    import torch.distributed as dist
     import torch_xla.runtime as xr
 
     if xr.is_spmd():

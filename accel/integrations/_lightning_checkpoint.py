@@ -22,6 +22,7 @@ from typing_extensions import override
 
 import accel
 from accel.integrations._lightning_accelerator import AccelAccelerator, as_lightning_accelerator
+from accel.training.atomic import atomic_save
 
 __all__ = ["AccelCheckpointIO"]
 
@@ -71,7 +72,6 @@ class AccelCheckpointIO(CheckpointIO):
                 f"storage_options (got {storage_options!r}); drop the argument, or pass "
                 f"checkpoint_io= a CheckpointIO that understands it"
             )
-        from accel.training.atomic import atomic_save
 
         target = Path(os.fspath(path))
         target.parent.mkdir(parents=True, exist_ok=True)

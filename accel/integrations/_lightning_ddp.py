@@ -18,16 +18,14 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
-from lightning.fabric.plugins.precision import Precision as FabricPrecision
+from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.strategies.ddp import DDPStrategy as FabricDDPStrategy
 from lightning.fabric.utilities.seed import reset_seed
-from lightning.pytorch.plugins.precision import Precision as TrainerPrecision
 from lightning.pytorch.strategies import DDPStrategy as TrainerDDPStrategy
 
 import accel
 import accel.distributed
-from accel.integrations._lightning_base import AcceleratorArgument, AccelStrategyBase
+from accel.integrations._lightning_base import AccelStrategyBase
 from accel.integrations._lightning_strategies import FabricMoves, TrainerMoves
 
 if TYPE_CHECKING:
@@ -118,33 +116,12 @@ class AccelDDPStrategy(DistributedMoves, TrainerMoves, TrainerDDPStrategy):
     :param accelerator: as for :class:`AccelStrategy`.
     :param registry: the accel registry to select a named accelerator from (with
         ``"spawn"``, only accelerators of the default registry can be pickled).
-    :param ddp_options: passed on to DistributedDataParallel.
+    :param lightning_arguments: passed on to Lightning's DDP strategy: its own
+        (``cluster_environment=``, ``checkpoint_io=``, ``precision_plugin=`` or
+        ``precision=``, ``timeout=``, ``start_method=``) and DistributedDataParallel's.
     """
 
     strategy_name = "accel_ddp"
-
-    def __init__(
-        self,
-        accelerator: AcceleratorArgument = None,
-        *,
-        registry: accel.AcceleratorRegistry | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision_plugin: TrainerPrecision | None = None,
-        timeout: timedelta | None = None,
-        start_method: _StartMethod = "popen",
-        **ddp_options: Any,
-    ) -> None:
-        super().__init__(
-            accelerator,
-            registry=registry,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-            timeout=timeout,
-            start_method=start_method,
-            **ddp_options,
-        )
 
     def setup_distributed(self) -> None:
         reset_seed()  # as Lightning's DDP: seed_everything's seed again, in this process
@@ -169,31 +146,10 @@ class AccelFabricDDPStrategy(DistributedMoves, FabricMoves, FabricDDPStrategy):
 
     :param accelerator: as for :class:`AccelFabricStrategy`.
     :param registry: the accel registry to select a named accelerator from.
-    :param ddp_options: passed on to DistributedDataParallel.
+    :param lightning_arguments: passed on to Lightning's DDP strategy: its own
+        (``cluster_environment=``, ``checkpoint_io=``, ``precision_plugin=`` or
+        ``precision=``, ``timeout=``, ``start_method=``) and DistributedDataParallel's.
     """
-
-    def __init__(
-        self,
-        accelerator: AcceleratorArgument = None,
-        *,
-        registry: accel.AcceleratorRegistry | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision: FabricPrecision | None = None,
-        timeout: timedelta | None = None,
-        start_method: _StartMethod = "popen",
-        **ddp_options: Any,
-    ) -> None:
-        super().__init__(
-            accelerator,
-            registry=registry,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision=precision,
-            timeout=timeout,
-            start_method=start_method,
-            **ddp_options,
-        )
 
     def _setup_distributed(self) -> None:
         self._set_world_ranks()

@@ -15,7 +15,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.precision import Precision as FabricPrecision
 from lightning.fabric.strategies.single_device import (
     SingleDeviceStrategy as FabricSingleDeviceStrategy,
@@ -23,13 +22,11 @@ from lightning.fabric.strategies.single_device import (
 from lightning.pytorch.plugins.precision import Precision as TrainerPrecision
 from lightning.pytorch.strategies import SingleDeviceStrategy as TrainerSingleDeviceStrategy
 
-import accel
 from accel.integrations._lightning_base import (
-    AcceleratorArgument,
     AccelStrategyBase,
     require_in_place,
 )
-from accel.training.optimizers import retarget_optimizers
+from accel.training.step import retarget_optimizers
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -137,25 +134,12 @@ class AccelStrategy(TrainerMoves, TrainerSingleDeviceStrategy):
         handle, or ``None`` to take the Trainer's ``accelerator=`` (which must then
         be an :class:`AccelAccelerator`).
     :param registry: the accel registry to select a named accelerator from.
+    :param lightning_arguments: ``checkpoint_io=`` and ``precision_plugin=``, passed
+        on to Lightning's single-device strategy.
     """
 
     strategy_name = "accel"
     parallel_strategy_name = "AccelDDPStrategy"
-
-    def __init__(
-        self,
-        accelerator: AcceleratorArgument = None,
-        *,
-        registry: accel.AcceleratorRegistry | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision_plugin: TrainerPrecision | None = None,
-    ) -> None:
-        super().__init__(
-            accelerator,
-            registry=registry,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-        )
 
 
 class AccelFabricStrategy(FabricMoves, FabricSingleDeviceStrategy):
@@ -170,18 +154,8 @@ class AccelFabricStrategy(FabricMoves, FabricSingleDeviceStrategy):
         handle, or ``None`` to take Fabric's ``accelerator=`` (which must then be an
         :class:`AccelAccelerator`).
     :param registry: the accel registry to select a named accelerator from.
+    :param lightning_arguments: ``checkpoint_io=`` and ``precision=``, passed on to
+        Lightning's single-device strategy.
     """
 
     parallel_strategy_name = "AccelFabricDDPStrategy"
-
-    def __init__(
-        self,
-        accelerator: AcceleratorArgument = None,
-        *,
-        registry: accel.AcceleratorRegistry | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision: FabricPrecision | None = None,
-    ) -> None:
-        super().__init__(
-            accelerator, registry=registry, checkpoint_io=checkpoint_io, precision=precision
-        )

@@ -14,7 +14,7 @@ from accel.plugins.cpu import CpuPlugin
 from accel.plugins.gpu import CudaPlugin, MpsPlugin
 from accel.plugins.tpu import TieGuardPlugin, TpuPlugin
 
-__all__ = ["BUILTIN_PLUGINS", "CpuPlugin", "CudaPlugin", "MpsPlugin", "TieGuardPlugin", "TpuPlugin"]
+__all__ = ["CpuPlugin", "CudaPlugin", "MpsPlugin", "TieGuardPlugin", "TpuPlugin"]
 
 #: (plugin name, factory) for every built-in, in registration order.
 BUILTIN_PLUGINS: Final[tuple[tuple[str, Callable[[], object]], ...]] = (

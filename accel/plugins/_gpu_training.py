@@ -13,12 +13,18 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from accel.markers import hookimpl
+from accel.training.device_loader import PrefetchingLoader
+from accel.training.nested import map_nested
+from accel.training.precision import autocast_to
+from accel.types import MemoryStats
 
 if TYPE_CHECKING:
     import torch
 
-    from accel.training.memory import MemoryStats
+    from accel.types import MemoryStats
 
 __all__ = ["CudaTrainingHooks", "MpsTrainingHooks", "pin_batch"]
 
@@ -28,18 +34,12 @@ class CudaTrainingHooks:
 
     @hookimpl
     def synchronize(self, device: torch.device) -> None:
-        import torch
-
         torch.cuda.synchronize(device)
 
     @hookimpl
     def autocast(
         self, accelerator: str, device: torch.device, dtype: torch.dtype | None
     ) -> AbstractContextManager[Any]:
-        import torch
-
-        from accel.training.precision import autocast_to
-
         bf16 = bool(torch.cuda.is_bf16_supported())
         return autocast_to(
             accelerator,
@@ -52,10 +52,6 @@ class CudaTrainingHooks:
 
     @hookimpl
     def memory_stats(self, device: torch.device) -> MemoryStats:
-        import torch
-
-        from accel.training.memory import MemoryStats
-
         return MemoryStats(
             allocated_bytes=int(torch.cuda.memory_allocated(device)),
             peak_allocated_bytes=int(torch.cuda.max_memory_allocated(device)),
@@ -64,8 +60,6 @@ class CudaTrainingHooks:
 
     @hookimpl
     def device_loader(self, loader: Iterable[Any], move: Callable[[Any], Any]) -> Iterable[Any]:
-        from accel.training.device_loader import PrefetchingLoader
-
         return PrefetchingLoader(loader, move, pin_batch)
 
 
@@ -74,17 +68,12 @@ class MpsTrainingHooks:
 
     @hookimpl
     def synchronize(self) -> None:
-        import torch
-
         torch.mps.synchronize()
 
     @hookimpl
     def autocast(
         self, accelerator: str, device: torch.device, dtype: torch.dtype | None
     ) -> AbstractContextManager[Any]:
-        import torch
-
-        from accel.training.precision import autocast_to
 
         # bfloat16 needs macOS 14; torch_autocast turns torch's refusal into an error.
         return autocast_to(
@@ -97,10 +86,6 @@ class MpsTrainingHooks:
 
     @hookimpl
     def memory_stats(self) -> MemoryStats:
-        import torch
-
-        from accel.training.memory import MemoryStats
-
         return MemoryStats(
             allocated_bytes=int(torch.mps.current_allocated_memory()),
             peak_allocated_bytes=None,  # torch.mps keeps no peak counter
@@ -113,7 +98,6 @@ class MpsTrainingHooks:
 def pin_batch(batch: Any) -> Any:
     """``batch`` with its CPU tensors in pinned memory (already pinned ones kept);
     containers are walked by :mod:`accel.training.nested`'s rules, as everywhere."""
-    from accel.training.nested import map_nested
 
     def pin(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.device.type != "cpu" or tensor.is_pinned():

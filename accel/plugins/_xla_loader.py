@@ -28,12 +28,13 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
-from accel._core.notes import add_note
+import torch
+
+from accel._util.notes import add_note
 from accel.training.batch import BatchMover
 from accel.training.nested import map_nested
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
 __all__ = ["XlaLoader", "loop_state", "watch_model"]
@@ -226,8 +227,6 @@ class _Capturing:
         return len(self._loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        import torch
-
         tensor_type = torch.Tensor
         skeletons = self.skeletons
         try:

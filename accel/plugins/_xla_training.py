@@ -19,14 +19,21 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from accel.markers import hookimpl
+from accel.plugins._xla_gradients import note_reduced, reduce_for_clipping, reduce_for_step
 from accel.plugins._xla_loader import XlaLoader, chain, watch_model
 from accel.plugins._xla_loader import loop_state as _loop_state
+from accel.training.atomic import atomic_save
+from accel.training.device_loader import DeviceLoader
+from accel.training.memory import unknown
+from accel.training.precision import bfloat16_autocast
+from accel.training.step import clip_grad_norm
+from accel.types import MemoryStats
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from accel.training.memory import MemoryStats
+    from accel.types import MemoryStats
 
 __all__ = ["XlaTrainingHooks"]
 
@@ -38,8 +45,6 @@ class XlaTrainingHooks:
     @hookimpl(wrapper=True)
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> Generator[None, Any, Any]:
         import torch_xla
-
-        from accel.plugins._xla_gradients import reduce_for_step
 
         # All-reduce, only when several replicas train, and not again what clipping did;
         # before a scaler's step, so every replica sees the same overflow.
@@ -58,9 +63,6 @@ class XlaTrainingHooks:
     def clip_grad_norm_(
         self, parameters: list[torch.Tensor], max_norm: float, norm_type: float
     ) -> torch.Tensor:
-        from accel.plugins._xla_gradients import note_reduced, reduce_for_clipping
-        from accel.training.clipping import clip_grad_norm
-
         reduce_for_clipping(parameters)  # every replica clips the same, reduced gradients
         norm = clip_grad_norm(parameters, max_norm, norm_type)
         note_reduced(parameters)  # so optimizer_step does not reduce them again
@@ -93,15 +95,11 @@ class XlaTrainingHooks:
     def autocast(
         self, accelerator: str, device: torch.device, dtype: torch.dtype | None
     ) -> AbstractContextManager[Any]:
-        from accel.training.precision import bfloat16_autocast
-
         return bfloat16_autocast(accelerator, device, dtype)
 
     @hookimpl
     def memory_stats(self, device: torch.device) -> MemoryStats:
         import torch_xla.core.xla_model as xm
-
-        from accel.training.memory import MemoryStats, unknown
 
         try:
             info = xm.get_memory_info(device)
@@ -119,8 +117,6 @@ class XlaTrainingHooks:
     def device_loader(
         self, loader: Iterable[Any], device: torch.device, move: Callable[[Any], Any]
     ) -> Iterable[Any]:
-        from accel.training.device_loader import DeviceLoader
-
         inner = loader.batches if isinstance(loader, DeviceLoader) else None
         if isinstance(inner, XlaLoader) and inner.device == device:
             # Wrapped twice: one parallel loader over the original loader, each batch
@@ -149,8 +145,6 @@ class XlaTrainingHooks:
     def save(self, obj: Any, path: Any) -> bool:
         import torch_xla.core.xla_model as xm
         import torch_xla.runtime as xr
-
-        from accel.training.atomic import atomic_save
 
         if xr.world_size() == 1:
             atomic_save(obj, path)

@@ -6,13 +6,17 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from accel.markers import hookimpl
+from accel.training.memory import host_memory_stats
+from accel.training.precision import bfloat16_autocast
 from accel.types import AcceleratorSpec, Availability
 
 if TYPE_CHECKING:
     import torch
 
-    from accel.training.memory import MemoryStats
+    from accel.types import MemoryStats
 
 
 class CpuPlugin:
@@ -33,8 +37,6 @@ class CpuPlugin:
 
     @hookimpl
     def get_device(self) -> torch.device:
-        import torch
-
         return torch.device("cpu")
 
     @hookimpl
@@ -48,14 +50,10 @@ class CpuPlugin:
     def autocast(
         self, accelerator: str, device: torch.device, dtype: torch.dtype | None
     ) -> AbstractContextManager[Any]:
-        from accel.training.precision import bfloat16_autocast
-
         return bfloat16_autocast(accelerator, device, dtype)
 
     @hookimpl
     def memory_stats(self) -> MemoryStats:
-        from accel.training.memory import host_memory_stats
-
         return host_memory_stats()
 
     @hookimpl

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Final
 
+import torch
+
 from accel.markers import hookimpl
 from accel.plugins._gpu_training import CudaTrainingHooks, MpsTrainingHooks
 from accel.types import AcceleratorSpec, Availability
@@ -33,7 +35,6 @@ def cuda_device_count_without_init() -> int | None:
     a fresh child process instead, so this process stays fork-safe. Unknown means no
     GPU driver was found for that fallback.
     """
-    import torch
 
     if not _cuda_built():
         return 0
@@ -90,8 +91,6 @@ def _count_in_child_process() -> int | None:
 
 
 def _cuda_built() -> bool:
-    import torch
-
     return bool(torch.backends.cuda.is_built()) or bool(torch.version.hip)  # type: ignore[no-untyped-call]
 
 
@@ -108,8 +107,6 @@ class CudaPlugin(CudaTrainingHooks):
 
     @hookimpl
     def is_available(self) -> Availability:
-        import torch
-
         if not _cuda_built():
             return Availability(
                 False,
@@ -138,8 +135,6 @@ class CudaPlugin(CudaTrainingHooks):
 
     @hookimpl
     def get_device(self, index: int | None) -> torch.device:
-        import torch
-
         return torch.device("cuda", 0 if index is None else index)
 
     @hookimpl
@@ -158,8 +153,6 @@ class MpsPlugin(MpsTrainingHooks):
 
     @hookimpl
     def is_available(self) -> Availability:
-        import torch
-
         if not torch.backends.mps.is_built():
             return Availability(
                 False,
@@ -180,8 +173,6 @@ class MpsPlugin(MpsTrainingHooks):
 
     @hookimpl
     def get_device(self) -> torch.device:
-        import torch
-
         return torch.device("mps", 0)
 
     @hookimpl

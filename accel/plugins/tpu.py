@@ -14,7 +14,7 @@ Moving a module to or from an XLA device unties its shared parameters (see
 the handle keeps the ties on every move to ``tpu``; its cross-cutting companion
 :class:`TieGuardPlugin` keeps them on every other accelerator's moves that can untie
 (a model leaving XLA, a move to ``meta``), at the cost of two cheap checks on every
-other move. Both run the same code, :mod:`accel._core.tie_keeping`.
+other move. Both run the same code, :mod:`accel.tying._keeping`.
 """
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ import os
 import sys
 from typing import TYPE_CHECKING, Final
 
-from accel._core.tie_keeping import begin_kept_move, finish_kept_move
-from accel._core.walk import each_module
+import torch
 
-# TyingWarning is re-exported: it was first documented as accel.plugins.tpu.TyingWarning.
-from accel.errors import TyingWarning
+import accel.plugins._xla_versions as _xla_versions
+from accel._util.walk import each_module
 from accel.markers import hookimpl
-from accel.plugins import _xla_versions
 from accel.plugins._pjrt import (
     PjrtDevice,
     device_remedy,
@@ -40,13 +38,14 @@ from accel.plugins._pjrt import (
     runtime_start_failure,
 )
 from accel.plugins._xla_training import XlaTrainingHooks
+from accel.tying._keeping import begin_kept_move, finish_kept_move
 from accel.types import AcceleratorSpec, Availability, MoveContext
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["TieGuardPlugin", "TpuPlugin", "TyingWarning", "move_can_untie"]
+__all__ = ["TieGuardPlugin", "TpuPlugin"]
 
 #: Device types whose tensors cannot take over another device's storage in place:
 #: a move starting or ending on one gives every slot a Parameter of its own.
@@ -158,7 +157,7 @@ class TpuPlugin(XlaTrainingHooks):
                 aliases=("xla",),
                 priority=200,
                 description="Google TPUs via torch_xla (PJRT)",
-                # accel keeps ties on every move to it (accel/_core/tie_keeping.py).
+                # accel keeps ties on every move to it (accel/tying/_keeping.py).
                 unties_weights=True,
             )
         ]
@@ -218,7 +217,6 @@ def move_can_untie(model: nn.Module, device: torch.device) -> bool:
     """
     if device.type in UNTYING_DEVICE_TYPES:
         return True
-    import torch
 
     if torch.__future__.get_overwrite_module_params_on_conversion():
         return True

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from accel._core.names import ACCELERATOR_ENV as _ACCELERATOR_ENV
+from accel._util.names import ACCELERATOR_ENV as _ACCELERATOR_ENV
 
 __all__ = ["main"]
 
@@ -322,7 +322,7 @@ def _problems() -> list[str]:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     import accel
-    from accel.tools.demo import run_demo
+    from accel.tools._demo import run_demo
 
     try:
         report = run_demo(args.accelerator, steps=args.steps)
@@ -353,7 +353,7 @@ def _load_factory(spec: str) -> Callable[[], Any]:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     import accel
-    from accel.tools.demo import report_ties
+    from accel.tools._demo import report_ties
     from accel.tying import count_unique_parameters, find_tied_parameters
 
     if "" not in sys.path:

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Final, NoReturn
 
 import pytest
 
-from accel._core.names import ACCELERATOR_ENV as _ACCELERATOR_ENV
-from accel._core.names import AUTO as _AUTO
-from accel._core.names import closest_name, name_from_environment
+from accel._util.names import ACCELERATOR_ENV as _ACCELERATOR_ENV
+from accel._util.names import AUTO as _AUTO
+from accel._util.names import closest_name, name_from_environment
 
 if TYPE_CHECKING:
     from accel.accelerator import Accelerator
     from accel.registry import AcceleratorRegistry
 
-__all__ = ["MARKER_NAME", "OPTION_DEST", "accelerator"]
+__all__ = ["accelerator"]
 
 #: The marker naming the accelerators a test can run on.
 MARKER_NAME: Final = "accelerator"
@@ -115,7 +115,7 @@ def _validate_option(config: pytest.Config) -> None:
     requested = _option_value(config)
     if requested is None:
         return
-    from accel._core.names import parse_accelerator_name
+    from accel._util.names import parse_accelerator_name
 
     try:
         base, _index = parse_accelerator_name(requested)
@@ -241,7 +241,7 @@ def accelerator(request: pytest.FixtureRequest) -> Accelerator:
     listed accelerators, and otherwise the first listed one that is available here.
     An accelerator that was asked for but cannot be used fails the test, saying why.
     """
-    from accel._core.names import normalize_name
+    from accel._util.names import normalize_name
     from accel.errors import AcceleratorError, AcceleratorUnavailableError
 
     registry = _registry()

@@ -16,6 +16,10 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import torch
+import torch.serialization
+from torch import nn
+
 __all__ = ["check_loadable", "convert_stateful"]
 
 # Exact types only: a subclass pickles as its own class, which weights_only refuses.
@@ -36,7 +40,6 @@ def convert_stateful(
     shallow copies (a state dict keeps its ``_metadata``) and an object met twice is
     converted once, so what was shared (a self-reference included) stays shared.
     """
-    from torch import nn
 
     memo: dict[int, Any] = {}
     found = False
@@ -73,8 +76,6 @@ def check_loadable(obj: Any) -> None:
     :raises TypeError: a value of a type weights_only does not build; the message
         gives its key path (``obj['models']['a']``).
     """
-    import torch
-    import torch.serialization
 
     safe = tuple(
         entry[0] if isinstance(entry, tuple) else entry

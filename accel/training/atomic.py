@@ -30,9 +30,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final
 if TYPE_CHECKING:
     import torch
 
-from accel._core.files import fsync_directory, process_alive
+import torch
 
-__all__ = ["TEMPORARY_MARK", "atomic_save", "is_temporary"]
+from accel._util.files import fsync_directory, process_alive
+
+__all__ = ["atomic_save"]
 
 #: Part of every temporary file's name: ``.<name>.<host>.<pid>.<random>.accel-tmp``
 #: (the random part keeps two saves to one path, from two threads, apart).
@@ -111,8 +113,6 @@ class _RecordingFile:
 
 
 def _write(obj: Any, file: BinaryIO, target: Path) -> None:
-    import torch
-
     recording = _RecordingFile(file)
     try:
         torch.save(obj, recording, pickle_module=_cpu_pickle_module())  # type: ignore[arg-type]
@@ -138,7 +138,6 @@ class _CpuPickler(pickle.Pickler):
         self._copies: list[torch.Tensor] = []
 
     def reducer_override(self, obj: Any) -> Any:
-        import torch
 
         # Stored detached (a Parameter as a plain tensor), as state_dict() gives them.
         if isinstance(obj, torch.Tensor) and (obj.device.type != "cpu" or obj.requires_grad):

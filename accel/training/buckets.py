@@ -26,6 +26,8 @@ import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, final
 
+import torch
+
 if TYPE_CHECKING:
     import torch
 
@@ -216,7 +218,6 @@ def _named_tensors(
     batch: Any, pad_values: Mapping[Any, PadValue] | Sequence[PadValue | None]
 ) -> dict[Any, tuple[torch.Tensor, PadValue]]:
     """place in ``batch`` -> (tensor there, its pad value), for each place named."""
-    import torch
 
     if isinstance(batch, Mapping) and isinstance(pad_values, Mapping):
         places: list[tuple[Any, PadValue]] = list(pad_values.items())
@@ -264,8 +265,6 @@ def _is_position_list(pad_values: object) -> bool:
 
 
 def _pad(tensor: torch.Tensor, length: int, dim: int, value: PadValue) -> torch.Tensor:
-    import torch
-
     shape = list(tensor.shape)
     missing = length - shape[dim]
     shape[dim] = missing

@@ -16,19 +16,19 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from accel.training._storing import check_loadable, convert_stateful
+from accel.training.atomic import atomic_save
+from accel.training.nested import map_nested
+from accel.training.step import unwrap_compiled
+
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "cpu_state_dict",
-    "is_main_process",
-    "load_checkpoint",
-    "map_tensors",
-    "restore_into",
-    "save_on_main_process",
-    "storable",
-    "to_cpu",
-]
+__all__ = ["cpu_state_dict", "is_main_process", "load_checkpoint", "save_on_main_process"]
 
 
 def cpu_state_dict(model: torch.nn.Module) -> dict[str, Any]:
@@ -66,14 +66,12 @@ def map_tensors(
     :param leaf_type: convert instances of this type instead of tensors.
     :raises ValueError: ``obj`` contains itself.
     """
-    from accel.training.nested import map_nested
 
     return map_nested(obj, convert_tensor, leaf_type=leaf_type, what="checkpoint")
 
 
 def is_main_process() -> bool:
     """Rank 0 of an initialised :mod:`torch.distributed` group, or any lone process."""
-    import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
         return True
@@ -95,7 +93,6 @@ def storable(obj: Any, module_state: Callable[[Any], dict[str, Any]]) -> Any:
 
     :raises TypeError: a value ``acc.load`` could not read; the message gives its path.
     """
-    from accel.training._storing import check_loadable, convert_stateful
 
     stored = convert_stateful(obj, module_state, _has_state)
     check_loadable(stored)
@@ -106,9 +103,6 @@ def save_on_main_process(obj: Any, path: str | os.PathLike[str]) -> None:
     """:func:`~accel.training.atomic.atomic_save` on the main process of an initialised
     :mod:`torch.distributed` group (or in a lone process); every rank returns once the
     file is complete, and raises if the main process could not write it."""
-    import torch.distributed as dist
-
-    from accel.training.atomic import atomic_save
 
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         atomic_save(obj, path)
@@ -142,7 +136,6 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
         ``weights_only`` refuses (it is never run).
     :raises ValueError: the file is not a checkpoint (torn, or not ``torch.save``'s).
     """
-    import torch
 
     name = os.fspath(path)
     if not os.path.isfile(name):
@@ -206,7 +199,6 @@ def restore_into(stored: Any, state: Any, path: str) -> dict[str, Any]:
         )
     for key, target in targets.items():
         _check_entry(key, target, stored[key], path)
-    from torch import nn
 
     # Modules first: an optimizer puts its state on its parameters' device.
     order = sorted(targets, key=lambda key: not isinstance(targets[key], nn.Module))
@@ -216,9 +208,6 @@ def restore_into(stored: Any, state: Any, path: str) -> dict[str, Any]:
 
 
 def _target(value: Any) -> Any:
-    from torch import nn
-
-    from accel.training.compiling import unwrap_compiled
 
     # A compiled model's own state_dict() prefixes every key with "_orig_mod."; the
     # checkpoint (acc.state_dict) has the plain model's keys.
@@ -226,9 +215,6 @@ def _target(value: Any) -> Any:
 
 
 def _check_entry(key: str | None, target: Any, stored: Any, path: str) -> None:
-    import torch
-    from torch import nn
-
     if isinstance(target, nn.Module):
         _check_module_state(key, _target(target), stored, path)
     elif isinstance(target, torch.optim.Optimizer):
@@ -236,8 +222,6 @@ def _check_entry(key: str | None, target: Any, stored: Any, path: str) -> None:
 
 
 def _check_module_state(key: str | None, module: Any, stored: Any, path: str) -> None:
-    import torch
-
     entry, slot = _where(key, path), "state" if key is None else f"state[{key!r}]"
     if not isinstance(stored, Mapping):
         raise ValueError(
@@ -276,7 +260,6 @@ _PARAMETER_SHAPED: Final = frozenset(
 def _check_optimizer_state(key: str | None, optimizer: Any, stored: Any, path: str) -> None:
     """What ``Optimizer.load_state_dict`` would refuse (or get wrong) only after the
     model was restored: the groups, their sizes, the parameter-shaped state."""
-    import torch
 
     entry, kind = _where(key, path), type(optimizer).__name__
     slot = "state" if key is None else f"state[{key!r}]"
@@ -337,3 +320,22 @@ def _not_a_checkpoint(name: str, exc: BaseException) -> ValueError:
         f"not written by acc.save or torch.save. acc.save never leaves a torn file; load "
         f"an older checkpoint (accel.training.retention.latest_checkpoint)"
     )
+
+
+def checked_path(operation: str, path: object) -> None:
+    """:raises TypeError: ``path`` is neither a str nor an ``os.PathLike``."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"{operation} expects a file path (str or os.PathLike), got {type(path).__name__}"
+        )
+
+
+def checked_state(state: object) -> None:
+    """:raises TypeError: ``state`` of ``load(path, state)`` is neither a dict nor one
+    object with ``load_state_dict``."""
+    if not (state is None or isinstance(state, Mapping) or hasattr(state, "load_state_dict")):
+        raise TypeError(
+            f"load(path, state) expects state to be a dict of the objects to restore "
+            f"(model, optimizer, ...) or one object with load_state_dict, got "
+            f"{type(state).__name__}"
+        )

@@ -9,21 +9,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Final, TypedDict
+from typing import Final
 
-__all__ = ["MEMORY_KEYS", "MemoryStats", "host_memory_stats", "memory_stats_problem", "unknown"]
+from accel.types import MemoryStats
 
-
-class MemoryStats(TypedDict):
-    """Memory of one device, in bytes; ``None`` where the runtime does not report it."""
-
-    #: Bytes in use now (CPU: the process's resident memory).
-    allocated_bytes: int | None
-    #: The most bytes in use at once since the process started, or since the
-    #: runtime's peak counter was last reset (CPU: the process's peak resident memory).
-    peak_allocated_bytes: int | None
-    #: Bytes the device has (CPU: the machine's RAM).
-    total_bytes: int | None
+__all__ = ["host_memory_stats"]
 
 
 MEMORY_KEYS: Final = ("allocated_bytes", "peak_allocated_bytes", "total_bytes")

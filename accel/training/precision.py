@@ -12,17 +12,12 @@ from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "autocast_to",
-    "bfloat16_autocast",
-    "checked_autocast_dtype",
-    "full_precision",
-    "requested_dtype",
-    "torch_autocast",
-]
+__all__ = ["autocast_to", "bfloat16_autocast"]
 
 
 def autocast_to(
@@ -53,7 +48,6 @@ def bfloat16_autocast(
 ) -> AbstractContextManager[Any]:
     """:func:`autocast_to` for devices that prefer bfloat16 and take float16 too (the
     CPU and TPUs)."""
-    import torch
 
     return autocast_to(
         accelerator,
@@ -78,7 +72,6 @@ def checked_autocast_dtype(
     :raises TypeError: ``dtype`` is not a :class:`torch.dtype`.
     :raises ValueError: the accelerator cannot autocast to ``dtype``.
     """
-    import torch
 
     chosen = default if dtype is None else dtype
     if not isinstance(chosen, torch.dtype):
@@ -105,7 +98,6 @@ def torch_autocast(
     :raises ValueError: torch refused ``dtype`` for this device type, where it would
         otherwise only warn and run the block in full precision.
     """
-    import torch
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -138,7 +130,6 @@ def requested_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
 
     :raises TypeError: neither a dtype, ``None``, nor the name of a torch dtype.
     """
-    import torch
 
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
@@ -165,7 +156,6 @@ def full_precision(device: torch.device) -> AbstractContextManager[Any]:
     A device type torch cannot autocast at all (a third-party backend without AMP
     support, ``meta``) computes in full precision anyway: a context that does nothing.
     """
-    import torch
 
     with warnings.catch_warnings():
         # torch warns about a device type it cannot autocast even when told not to.

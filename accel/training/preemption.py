@@ -16,10 +16,13 @@ import threading
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, final
 
+import torch
+import torch.distributed as dist
+
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_SIGNALS", "PreemptionGuard"]
+__all__ = ["PreemptionGuard"]
 
 #: What the guard notes by default: SIGTERM (Kubernetes, spot VMs, ``scancel``, SLURM's
 #: time limit) and SIGUSR1 (SLURM's ``--signal=USR1@90``).
@@ -108,13 +111,11 @@ class PreemptionGuard:
         distributed job the processes agree at each read (it stays true once true)."""
         if self._requested:
             return True
-        import torch.distributed as dist
 
         local = self.received is not None
         if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
             self._requested = local
             return local
-        import torch
 
         agreed = False
         if self._pending is not None:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["device_generators_of", "host_rng_state", "set_host_rng_state"]
+import torch
+
+__all__ = ["device_generators_of"]
 
 #: The keys of :meth:`Accelerator.rng_state`'s result.
 RNG_KEYS = ("python", "numpy", "torch", "device")
@@ -22,7 +24,6 @@ RNG_KEYS = ("python", "numpy", "torch", "device")
 
 def host_rng_state() -> dict[str, Any]:
     """Python's, NumPy's (``None`` without NumPy) and torch's host generator states."""
-    import torch
 
     return {"python": random.getstate(), "numpy": _numpy_state(), "torch": torch.get_rng_state()}
 
@@ -32,7 +33,6 @@ def set_host_rng_state(state: dict[str, Any]) -> None:
 
     :raises ValueError: ``state`` lacks one of the keys.
     """
-    import torch
 
     missing = [key for key in ("python", "numpy", "torch") if key not in state]
     if missing:
@@ -50,7 +50,6 @@ def set_host_rng_state(state: dict[str, Any]) -> None:
 def device_generators_of(device_type: str) -> Any:
     """torch's module for ``device_type`` if it has per-device generators
     (``torch.cuda``, ``torch.xpu``, ...), else ``None``."""
-    import torch
 
     module = getattr(torch, device_type, None)
     if module is None or not hasattr(module, "get_rng_state"):
@@ -66,7 +65,6 @@ def _numpy_state() -> dict[str, Any] | None:
         import numpy
     except ImportError:
         return None
-    import torch
 
     kind, keys, position, has_gauss, cached_gaussian = numpy.random.get_state(legacy=True)
     return {

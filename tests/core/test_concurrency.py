@@ -364,15 +364,15 @@ def test_one_tied_model_moved_from_many_threads_on_xla(
 def test_the_move_lock_goes_with_its_model(registry: accel.AcceleratorRegistry) -> None:
     import gc
 
-    from accel import accelerator
+    from accel._core import moving
 
     model = TiedLM()
     registry.get_accelerator("cpu").model_to_device(model)
-    assert id(model) in accelerator._MOVE_LOCKS
+    assert id(model) in moving._MOVE_LOCKS
     key = id(model)
     del model
     gc.collect()
-    assert key not in accelerator._MOVE_LOCKS
+    assert key not in moving._MOVE_LOCKS
 
 
 class MoveOverlap:

@@ -25,8 +25,8 @@ def two_device_registry() -> accel.AcceleratorRegistry:
     return isolated_registry(FakeAccelerator("twin", count=2))
 
 
-def worker(local_rank: int, world_size: int = 4) -> adist.TorchrunEnvironment:
-    return adist.TorchrunEnvironment(
+def worker(local_rank: int, world_size: int = 4) -> adist.LaunchEnvironment:
+    return adist.LaunchEnvironment(
         rank=local_rank,
         world_size=world_size,
         local_rank=local_rank,

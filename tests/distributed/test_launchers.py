@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 import accel
 import accel.distributed as adist
+import accel.distributed._launchers as launchers
 from accel.distributed._launchers import tasks_per_node
 from helpers.distributed import (  # noqa: F401  (an autouse fixture)
     SCRIPTS,
@@ -29,17 +30,17 @@ from helpers.distributed import (  # noqa: F401  (an autouse fixture)
 
 
 def test_no_variables_means_a_single_process() -> None:
-    assert adist.read_torchrun_environment({"PATH": "/bin"}) is None
-    assert adist.read_torchrun_environment({"RANK": "  "}) is None  # blank counts as unset
+    assert launchers.read_torchrun_environment({"PATH": "/bin"}) is None
+    assert launchers.read_torchrun_environment({"RANK": "  "}) is None  # blank counts as unset
 
 
 def test_full_environment_is_parsed() -> None:
-    environment = adist.read_torchrun_environment(
+    environment = launchers.read_torchrun_environment(
         full_environment(
             RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", MASTER_PORT="1234", LOCAL_WORLD_SIZE="2"
         )
     )
-    assert environment == adist.TorchrunEnvironment(
+    assert environment == adist.LaunchEnvironment(
         rank=3,
         world_size=4,
         local_rank=1,
@@ -60,8 +61,8 @@ def test_full_environment_is_parsed() -> None:
 def test_half_set_environment_names_what_is_missing(present: tuple[str, ...]) -> None:
     env = {name: value for name, value in full_environment().items() if name in present}
     with pytest.raises(adist.DistributedSetupError) as caught:
-        adist.read_torchrun_environment(env)
-    missing = tuple(name for name in adist.TORCHRUN_VARIABLES if name not in present)
+        launchers.read_torchrun_environment(env)
+    missing = tuple(name for name in launchers.TORCHRUN_VARIABLES if name not in present)
     assert caught.value.missing == missing
     message = str(caught.value)
     assert all(name in message for name in missing)
@@ -85,7 +86,7 @@ def test_unusable_values_are_rejected(overrides: dict[str, str], expected: str) 
     env = full_environment(RANK="2", WORLD_SIZE="4")
     env.update(overrides)
     with pytest.raises(adist.DistributedSetupError, match=expected):
-        adist.read_torchrun_environment(env)
+        launchers.read_torchrun_environment(env)
 
 
 def test_init_refuses_a_half_set_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -210,7 +211,7 @@ def test_openmpi_environment_is_parsed() -> None:
         world_size=4,
         local_rank=1,
         master_addr="head-node",
-        master_port=adist.DEFAULT_MASTER_PORT,
+        master_port=launchers.DEFAULT_MASTER_PORT,
         local_world_size=2,
         launcher="openmpi",
     )
@@ -405,7 +406,7 @@ def test_open_mpi_jobs_get_ports_of_their_own() -> None:
     assert first is not None and other_rank is not None and second is not None
     assert first.master_port == other_rank.master_port == 20000 + 2128936961 % 19997
     assert second.master_port != first.master_port
-    assert adist.DEFAULT_MASTER_PORT not in {first.master_port, second.master_port}
+    assert launchers.DEFAULT_MASTER_PORT not in {first.master_port, second.master_port}
     assert first.master_port_source == (
         "derived by accel from OMPI_MCA_ess_base_jobid=2128936961 (this mpirun job's id)"
     )
@@ -426,12 +427,12 @@ def test_open_mpi_5_namespaces_and_master_port_and_no_id() -> None:
     env = {**mpirun_rank(0), "OMPI_MCA_ess_base_jobid": ""}
     env = {name: value for name, value in env.items() if value}
     unnamed = adist.read_launch_environment(env)
-    assert unnamed is not None and unnamed.master_port == adist.DEFAULT_MASTER_PORT
+    assert unnamed is not None and unnamed.master_port == launchers.DEFAULT_MASTER_PORT
     assert unnamed.master_port_source.startswith(
         "torch's default 29500 (no OMPI_MCA_ess_base_jobid"
     )
     named = adist.read_launch_environment({**env, "PMIX_NAMESPACE": "prterun-node-4242@1"})
-    assert named is not None and named.master_port != adist.DEFAULT_MASTER_PORT
+    assert named is not None and named.master_port != launchers.DEFAULT_MASTER_PORT
     assert "PMIX_NAMESPACE='prterun-node-4242@1'" in named.master_port_source
     explicit = adist.read_launch_environment({**mpirun_rank(0), "MASTER_PORT": "4100"})
     assert explicit is not None

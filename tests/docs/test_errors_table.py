@@ -29,6 +29,7 @@ from torch import nn
 
 import accel
 import accel.distributed
+import accel.distributed._launchers as launchers
 from accel.distributed import DistributedSetupError
 from accel.plugins import tpu
 from helpers.fakes import MetaTpuPlugin
@@ -1450,7 +1451,7 @@ def _lightning_ddp_device_mismatch(mp: pytest.MonkeyPatch) -> object:
 
     from accel.integrations.lightning import AccelFabricDDPStrategy
 
-    for name in (*accel.distributed.TORCHRUN_VARIABLES, "LOCAL_WORLD_SIZE"):
+    for name in (*launchers.TORCHRUN_VARIABLES, "LOCAL_WORLD_SIZE"):
         mp.delenv(name, raising=False)
     registry = isolated_registry(
         _plugin(

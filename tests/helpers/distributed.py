@@ -18,6 +18,7 @@ import pytest
 
 import accel
 import accel.distributed as adist
+import accel.distributed._launchers as launchers
 from helpers.fakes import FakeAccelerator
 from helpers.processes import clean_environment
 
@@ -25,9 +26,9 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "distributed" / "scripts"
 TORCHRUN_TIMEOUT_S = 180
 #: Every variable a launcher (or a device partition) sets that accel reads.
 LAUNCH_VARIABLES = (
-    *adist.TORCHRUN_VARIABLES,
+    *launchers.TORCHRUN_VARIABLES,
     "LOCAL_WORLD_SIZE",
-    *adist.SLURM_VARIABLES,
+    *launchers.SLURM_VARIABLES,
     "SLURM_STEP_ID",
     "SLURM_NODEID",
     "SLURM_STEP_TASKS_PER_NODE",
@@ -37,7 +38,7 @@ LAUNCH_VARIABLES = (
     "SLURM_JOB_NODELIST",
     "SLURM_STEP_NODELIST",
     "SLURM_NODELIST",
-    *adist.OPENMPI_VARIABLES,
+    *launchers.OPENMPI_VARIABLES,
     "OMPI_COMM_WORLD_LOCAL_SIZE",
     "OMPI_MCA_ess_base_jobid",
     "PMIX_NAMESPACE",

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 import accel
-from accel.training.memory import MemoryStats
+from accel.types import MemoryStats
 
 
 class BareAccelerator:

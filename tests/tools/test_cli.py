@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import accel
-import accel.tools.demo
+import accel.tools._demo
 from accel.tools.cli import main
 from helpers.installing import pip_install_into
 from helpers.processes import ACCEL_SCRIPT, last_json_line, run_command, run_python
@@ -559,13 +559,13 @@ def test_demo_unknown_accelerator_is_one_error_line(cli: Run) -> None:
 
 
 def test_demo_exit_1_when_ties_break(cli: Run, monkeypatch: pytest.MonkeyPatch) -> None:
-    def untied(accelerator: str | None, *, steps: int) -> accel.tools.demo.DemoReport:
-        return accel.tools.demo.DemoReport("cpu", "cpu", 5, 6, [("a", "b")], ties_held=False)
+    def untied(accelerator: str | None, *, steps: int) -> accel.tools._demo.DemoReport:
+        return accel.tools._demo.DemoReport("cpu", "cpu", 5, 6, [("a", "b")], ties_held=False)
 
-    monkeypatch.setattr(accel.tools.demo, "run_demo", untied)
+    monkeypatch.setattr(accel.tools._demo, "run_demo", untied)
     assert cli("demo", "--steps", "1")[0] == 1
 
-    def raises(accelerator: str | None, *, steps: int) -> accel.tools.demo.DemoReport:
+    def raises(accelerator: str | None, *, steps: int) -> accel.tools._demo.DemoReport:
         raise accel.WeightTyingError(
             "Layer count: [Before: 3 After: 4]\nbroken: a, b",
             count_before=3,
@@ -573,7 +573,7 @@ def test_demo_exit_1_when_ties_break(cli: Run, monkeypatch: pytest.MonkeyPatch) 
             broken_groups=[("a", "b")],
         )
 
-    monkeypatch.setattr(accel.tools.demo, "run_demo", raises)
+    monkeypatch.setattr(accel.tools._demo, "run_demo", raises)
     code, out, _ = cli("demo", "--steps", "1")
     assert code == 1
     assert out.startswith("validation FAILED:\nLayer count: [Before: 3 After: 4]")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from accel.tools.demo import run_demo
+from accel.tools._demo import run_demo
 from helpers.processes import run_python
 from helpers.registries import isolated_registry
 from helpers.training_fakes import BareAccelerator

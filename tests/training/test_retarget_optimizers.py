@@ -1,4 +1,4 @@
-"""accel.training.optimizers: optimizers follow a move made before they were at hand."""
+"""accel.training.step: optimizers follow a move made before they were at hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import copy
 import torch
 
 import accel
-from accel.training.optimizers import retarget_optimizers
+from accel.training.step import retarget_optimizers
 from helpers.fakes import MetaTpuPlugin
 from helpers.models import TiedLM
 

@@ -157,7 +157,7 @@ def test_the_cpu_and_cuda_never_ask_torch_accelerator(
 
 @pytest.mark.xla  # the XLA tier's torch 2.9 is a CUDA build: torch.accelerator says "cuda"
 def test_real_torch_accelerator_is_used_only_where_its_calls_exist() -> None:
-    from accel._core.fallbacks import torch_accelerator
+    from accel.plugins._fallbacks import torch_accelerator
 
     runtime = torch.accelerator
     for name in ("current_accelerator", "device_count", "synchronize", "memory_allocated"):

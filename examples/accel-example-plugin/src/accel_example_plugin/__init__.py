@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 import accel
-from accel.training.memory import MemoryStats
 from accel.training.precision import autocast_to
+from accel.types import MemoryStats
 
 __all__ = [
     "autocast",

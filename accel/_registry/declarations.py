@@ -11,7 +11,7 @@ from types import ModuleType
 import pluggy
 
 from accel import hookspecs
-from accel._core.names import closest_name
+from accel._util.names import closest_name
 from accel.errors import PluginError
 from accel.markers import PROJECT_NAME
 from accel.types import AcceleratorSpec

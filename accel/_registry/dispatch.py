@@ -14,8 +14,8 @@ from typing import final
 
 import pluggy
 
-from accel._core.declarations import check_hook_names, new_plugin_manager
 from accel._core.hooks import FALLBACKS_NAME, AcceleratorHooks, no_longer_registered
+from accel._registry.declarations import check_hook_names, new_plugin_manager
 from accel.errors import PluginError
 
 __all__ = ["AcceleratorHooks", "Dispatcher"]

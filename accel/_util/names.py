@@ -8,11 +8,8 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
-import warnings
 from collections.abc import Iterable
 from typing import Final
-
-from accel.errors import PluginWarning
 
 __all__ = [
     "ACCELERATOR_ENV",
@@ -23,7 +20,6 @@ __all__ = [
     "closest_name",
     "describe_difference",
     "describe_index_range",
-    "env_flag",
     "name_from_environment",
     "normalize_distribution_name",
     "normalize_name",
@@ -165,30 +161,3 @@ def describe_index_range(canonical: str, count: int) -> str:
     if count <= 1:
         return f"{canonical!r} or '{canonical}:0'"
     return f"'{canonical}:0' to '{canonical}:{count - 1}'"
-
-
-_TRUE_VALUES: Final = ("1", "true", "yes", "on")
-_FALSE_VALUES: Final = ("", "0", "false", "no", "off")
-
-
-def env_flag(name: str, *, false_means: str) -> bool:
-    """Whether environment variable ``name`` is set to a true value (1, true, yes, on).
-
-    Any other value means false; one that is not a recognised false value either
-    (``maybe``) warns, naming the variable, since the user meant *something*.
-
-    :param false_means: what false does, for the warning ("plugins still load").
-    """
-    raw = os.environ.get(name, "")
-    value = raw.strip().lower()
-    if value in _TRUE_VALUES:
-        return True
-    if value not in _FALSE_VALUES:
-        warnings.warn(
-            f"${name}={raw!r} is not a value accel recognises, so it is read as "
-            f"false: {false_means}. Set it to one of {', '.join(_TRUE_VALUES)} for true, "
-            f"or to one of {', '.join(repr(v) for v in _FALSE_VALUES)} for false.",
-            PluginWarning,
-            stacklevel=3,
-        )
-    return False

@@ -14,7 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from accel._core.notes import add_note
+import torch
+from torch import nn
+
+import accel
+from accel._util.notes import add_note
+from accel.tying import count_unique_parameters, find_tied_parameters
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -32,7 +37,6 @@ _UNTIMED_STEPS = 2
 
 def build_tied_language_model(vocab_size: int = 64, width: int = 32) -> nn.Module:
     """A small next-token model whose output projection is tied to its embedding."""
-    from torch import nn
 
     class TinyTiedLM(nn.Module):
         def __init__(self) -> None:
@@ -78,11 +82,6 @@ def run_demo(
     echo: Callable[[str], None] = print,
 ) -> DemoReport:
     """Select ``accelerator``, move the tiny tied model there, train ``steps`` steps."""
-    import torch
-    from torch import nn
-
-    import accel
-    from accel.tying import count_unique_parameters, find_tied_parameters
 
     torch.manual_seed(0)
     chosen = (registry or accel.default_registry()).get_accelerator(accelerator)
@@ -167,7 +166,6 @@ def _untimed_note(xla: bool) -> str:
 def _demo_loader() -> list[dict[str, torch.Tensor]]:
     """Next-token prediction over a repeating sequence, learnable in a few steps:
     four batches of two windows, every batch the same shape (one XLA graph)."""
-    import torch
 
     sequence = torch.arange(80) % 16
     windows = torch.stack([sequence[offset : offset + 64] for offset in range(8)])

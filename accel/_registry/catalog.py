@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, final
 
-from accel._core.names import AUTO, PLUGINS_ENV
+from accel._util.names import AUTO, PLUGINS_ENV
 from accel.errors import PluginError
 from accel.types import AcceleratorSpec
 

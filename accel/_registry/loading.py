@@ -19,10 +19,9 @@ from collections.abc import Callable, Iterable
 from importlib.metadata import EntryPoint
 from typing import Final
 
-from accel._core.names import (
+from accel._util.names import (
     DISABLE_AUTOLOAD_ENV,
     PLUGINS_ENV,
-    env_flag,
     normalize_distribution_name,
 )
 from accel.errors import PluginError, PluginWarning
@@ -53,7 +52,7 @@ class EntryPointLoader:
             return False
         if self._autoload is not None:
             return self._autoload
-        return not env_flag(DISABLE_AUTOLOAD_ENV, false_means="entry-point plugins still load")
+        return not _env_flag(DISABLE_AUTOLOAD_ENV, false_means="entry-point plugins still load")
 
     def allowed(self) -> set[str] | None:
         """The allow-list, normalised: the registry's own, else ``$ACCEL_PLUGINS``."""
@@ -156,3 +155,30 @@ def _warn_unmatched(allowed: set[str], found: list[EntryPoint]) -> None:
         PluginWarning,
         stacklevel=5,
     )
+
+
+_TRUE_VALUES: Final = ("1", "true", "yes", "on")
+_FALSE_VALUES: Final = ("", "0", "false", "no", "off")
+
+
+def _env_flag(name: str, *, false_means: str) -> bool:
+    """Whether environment variable ``name`` is set to a true value (1, true, yes, on).
+
+    Any other value means false; one that is not a recognised false value either
+    (``maybe``) warns, naming the variable, since the user meant *something*.
+
+    :param false_means: what false does, for the warning ("plugins still load").
+    """
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value in _TRUE_VALUES:
+        return True
+    if value not in _FALSE_VALUES:
+        warnings.warn(
+            f"${name}={raw!r} is not a value accel recognises, so it is read as "
+            f"false: {false_means}. Set it to one of {', '.join(_TRUE_VALUES)} for true, "
+            f"or to one of {', '.join(repr(v) for v in _FALSE_VALUES)} for false.",
+            PluginWarning,
+            stacklevel=3,
+        )
+    return False

@@ -26,22 +26,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
-from accel._core.transaction import SlotContents
-from accel._core.walk import each_module
+from accel._util.walk import each_module
+from accel.tying._slots import SlotContents
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
 __all__ = [
-    "SlotContents",
     "TieReport",
     "TiedGroup",
     "TyingSnapshot",
     "count_unique_parameters",
-    "empty_duplicate_slots",
     "find_tied_parameters",
-    "format_tie_failure",
     "retie",
 ]
 

@@ -13,13 +13,12 @@ leaves during the probe is then passed over (``"auto"``, listing) or reported as
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from typing import Final, NamedTuple, NoReturn, final
+from typing import NamedTuple, NoReturn, final
 
-from accel._core.catalog import BUILTIN_PROVIDER, Catalog, Registration
-from accel._core.dispatch import AcceleratorHooks, Dispatcher
-from accel._core.names import (
+from accel._registry.catalog import BUILTIN_PROVIDER, Catalog, Registration
+from accel._registry.dispatch import AcceleratorHooks, Dispatcher
+from accel._util.names import (
     ACCELERATOR_ENV,
     AUTO,
     closest_name,
@@ -266,22 +265,10 @@ class Selector:
         )
 
 
-#: How :meth:`AcceleratorHooks.availability` begins the reason of a probe that raised.
-_PROBE_RAISED: Final = "probing it failed: "
-
-
 def _probe(entry: _Entry) -> Availability:
     """The accelerator's availability; where its probe raised, with what to do about it
     (the probe's own remedy is lost with its result), naming the plugin's provider."""
-    availability = entry.hooks.availability()
-    if availability.available or availability.remedy:
-        return availability
-    if not availability.reason.startswith(_PROBE_RAISED):
-        return availability
-    return dataclasses.replace(
-        availability,
-        remedy=f"fix the plugin, or report this to its authors ({entry.registration.provider})",
-    )
+    return entry.hooks.availability(provider=entry.registration.provider)
 
 
 def _auto_may_pick(hooks: AcceleratorHooks) -> bool:

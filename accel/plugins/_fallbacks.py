@@ -17,14 +17,23 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from accel.errors import PluginError
 from accel.markers import hookimpl
 from accel.training.batch import move_batch
-from accel.types import Availability
+from accel.training.checkpoint import cpu_state_dict, load_checkpoint, save_on_main_process
+from accel.training.device_loader import MovingLoader
+from accel.training.memory import unknown
+from accel.training.precision import autocast_to
+from accel.training.rng import device_generators_of
+from accel.training.step import clip_grad_norm, gradient_sync_paused
+from accel.types import Availability, MemoryStats
 
 if TYPE_CHECKING:
     import torch
 
-    from accel.training.memory import MemoryStats
+    from accel.types import MemoryStats
 
 
 @hookimpl(trylast=True)
@@ -45,9 +54,6 @@ def device_count(accelerator: str) -> int:
 
 @hookimpl(trylast=True)
 def get_device(accelerator: str, index: int | None) -> torch.device:
-    import torch
-
-    from accel.errors import PluginError
 
     # Out-of-tree backends register their device type under their own name.
     try:
@@ -84,7 +90,7 @@ def optimizer_step(
     scaler: torch.amp.GradScaler | None,
 ) -> Any:
     if scaler is not None:
-        from accel.training.scaling import scaled_step
+        from accel.training.step import scaled_step
 
         return scaled_step(optimizer, scaler, closure)
     return optimizer.step() if closure is None else optimizer.step(closure)
@@ -94,22 +100,16 @@ def optimizer_step(
 def clip_grad_norm_(
     parameters: list[torch.Tensor], max_norm: float, norm_type: float
 ) -> torch.Tensor:
-    from accel.training.clipping import clip_grad_norm
-
     return clip_grad_norm(parameters, max_norm, norm_type)
 
 
 @hookimpl(trylast=True)
 def no_sync(model: torch.nn.Module, enabled: bool) -> AbstractContextManager[Any]:
-    from accel.training.accumulation import gradient_sync_paused
-
     return gradient_sync_paused(model, enabled)
 
 
 @hookimpl(trylast=True)
 def grad_scaler(device: torch.device, options: dict[str, Any]) -> torch.amp.GradScaler:
-    import torch
-
     return torch.amp.GradScaler(device.type, **options)
 
 
@@ -133,8 +133,6 @@ def synchronize(device: torch.device) -> None:
 
 @hookimpl(trylast=True)
 def manual_seed(seed: int, device: torch.device) -> None:
-    import torch
-
     torch.manual_seed(seed)  # the host, and the device types torch seeds itself
     if torch_accelerator(device.type) is not None:
         # torch.accelerator has no seeding call; the device module's manual_seed_all
@@ -148,10 +146,6 @@ def manual_seed(seed: int, device: torch.device) -> None:
 def autocast(
     accelerator: str, device: torch.device, dtype: torch.dtype | None
 ) -> AbstractContextManager[Any]:
-    import torch
-
-    from accel.training.precision import autocast_to
-
     try:
         default = torch.get_autocast_dtype(device.type)
     except RuntimeError:
@@ -166,8 +160,6 @@ def autocast(
 
 @hookimpl(trylast=True)
 def memory_stats(device: torch.device) -> MemoryStats:
-    from accel.training.memory import MemoryStats, unknown
-
     runtime = torch_accelerator(device.type)
     if runtime is None:
         return unknown()
@@ -187,37 +179,27 @@ def memory_stats(device: torch.device) -> MemoryStats:
 
 @hookimpl(trylast=True)
 def device_loader(loader: Iterable[Any], move: Callable[[Any], Any]) -> Iterable[Any]:
-    from accel.training.device_loader import MovingLoader
-
     return MovingLoader(loader, move)
 
 
 @hookimpl(trylast=True)
 def state_dict(model: torch.nn.Module) -> dict[str, Any]:
-    from accel.training.checkpoint import cpu_state_dict
-
     return cpu_state_dict(model)
 
 
 @hookimpl(trylast=True)
 def save(obj: Any, path: str | os.PathLike[str]) -> bool:
-    from accel.training.checkpoint import save_on_main_process
-
     save_on_main_process(obj, path)
     return True
 
 
 @hookimpl(trylast=True)
 def load(path: str | os.PathLike[str]) -> Any:
-    from accel.training.checkpoint import load_checkpoint
-
     return load_checkpoint(path)
 
 
 @hookimpl(trylast=True)
 def rng_state(device: torch.device) -> Any:
-    from accel.training.rng import device_generators_of
-
     module = None if device.type == "cpu" else device_generators_of(device.type)
     if module is None:
         return {"type": device.type, "states": []}  # the host generator is stored apart
@@ -230,8 +212,6 @@ def rng_state(device: torch.device) -> Any:
 
 @hookimpl(trylast=True)
 def set_rng_state(accelerator: str, state: Any, device: torch.device) -> bool:
-    from accel.training.rng import device_generators_of
-
     if not isinstance(state, dict) or state.get("type") != device.type:
         found = state.get("type") if isinstance(state, dict) else type(state).__name__
         raise ValueError(
@@ -254,7 +234,6 @@ def torch_accelerator(device_type: str) -> Any:
     ``None``. Never for ``cpu`` or ``cuda``: asking CUDA's count may initialise it."""
     if device_type in ("cpu", "cuda", "meta"):
         return None
-    import torch
 
     runtime = getattr(torch, "accelerator", None)  # torch 2.6+
     if runtime is None:
