@@ -1,134 +1,166 @@
 """nanoGPT's training loop on XLA:CPU: written with accel against written with torch_xla.
 
 The model is nanoGPT's architecture at its ``shakespeare-char`` size (6 layers, 6
-heads, 384 wide, a 65-token vocabulary, the embedding tied to the output; built here
-by ``bench_models.GPT2LM``, nothing downloaded), on sequences of 64 tokens, 4 a
-micro-batch, so that XLA:CPU runs a step in well under a second. The loop is nanoGPT's
-``train.py``: AdamW, the loss divided over ``gradient_accumulation_steps``
-micro-batches, gradients clipped to 1.0, ``zero_grad(set_to_none=True)``; the batch is
-taken at the top of each micro-step (nanoGPT takes the next one between forward and
-backward, which on XLA cuts the graph there; see docs/training.md). Run with
-accumulation 1 (``shakespeare-char``'s own setting) and 4.
+heads, 384 wide, a 65-token vocabulary, the embedding tied to the output, weights
+drawn as nanoGPT draws them; built by ``bench_models.GPT2LM``, nothing downloaded), on
+sequences of 64 tokens, 4 a micro-batch, so that XLA:CPU runs a step in about a
+second. The loop is nanoGPT's ``train.py``: AdamW, the loss divided over
+``gradient_accumulation_steps`` micro-batches, gradients clipped to 1.0,
+``zero_grad(set_to_none=True)``; the batch is taken at the top of each micro-step
+(nanoGPT takes the next one between forward and backward, which on XLA cuts the graph
+there; see docs/training.md). Run with accumulation 1 (``shakespeare-char``'s own
+setting) and 4.
 
 - accel: ``acc.device_loader``, ``acc.no_sync`` around each backward,
   ``acc.clip_grad_norm_``, ``acc.optimizer_step``.
 - torch_xla by hand, as its examples teach: ``MpDeviceLoader`` (which marks the step
   at every batch), ``xm.reduce_gradients``, ``clip_grad_norm_``, ``optimizer.step()``.
 
-Each (accumulation, side) runs in a fresh process, so each compiles its own graphs
-(counted by ``torch_xla.debug.metrics``). The sides alternate in every round, the
-order flipping each round, and the ratio is the median of the rounds' ratios
+Both sides train their own copy of the same model in one process per accumulation
+setting (each compiles its own graphs; counted per side with ``torch_xla.debug.metrics``),
+on the same batches. After two warm-up epochs each, they take turns, an epoch of a few
+optimizer steps each, round after round (the order flipping every round), each epoch
+ended by waiting for the device; the ratio is the median of the rounds' ratios
 (pairwise), so a slow spell on this shared machine hits both sides of a pair alike.
 
 Runs in the XLA test environment with ``PJRT_DEVICE=CPU``, through ``bash
 benchmarks/run nanogpt-xla``; alone: ``PJRT_DEVICE=CPU python
-benchmarks/bench_nanogpt_xla.py``. Several minutes a round on 2 cores.
+benchmarks/bench_nanogpt_xla.py``. About ten minutes on 2 cores.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")  # before torch_xla is imported
 
 from _harness import environment_line, fmt_ms, fmt_ratio, print_table, verdict
 
-ROUNDS = int(os.environ.get("BENCH_NANOGPT_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("BENCH_NANOGPT_ROUNDS", "7"))
 GOAL_RATIO = 1.02
 SIDES = ("accel", "torch_xla")
 LENGTH, BATCH = 64, 4
-# gradient_accumulation_steps -> (optimizer steps, of which not timed)
-RUNS = {1: (16, 4), 4: (8, 3)}
+WARMUP_EPOCHS = 2
+#: gradient_accumulation_steps -> optimizer steps in an epoch
+STEPS_PER_EPOCH = {1: 4, 4: 2}
 
 
-def child(accumulation: int, side: str) -> dict[str, float]:
-    """One side's loop in this (fresh) process."""
+def child(accumulation: int) -> dict[str, Any]:
+    """Both sides' epochs, taking turns, in this (fresh) process."""
     import bench_models as models
     import torch
     import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.debug.metrics as metrics
     import torch_xla.distributed.parallel_loader as pl
+    from torch import nn
     from torch.nn import functional as F
 
+    import accel
+
+    acc = accel.get_accelerator("tpu")  # the runtime starts before any backward
     config = models.GPT2Config(vocab=65, positions=256, width=384, layers=6, heads=6)
-    steps, warmup = RUNS[accumulation]
     torch.manual_seed(0)
-    model = models.GPT2LM(config)
+    initial = models.GPT2LM(config)
+    for module in initial.modules():  # nanoGPT's _init_weights
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+    steps = STEPS_PER_EPOCH[accumulation]
     tokens = torch.randint(0, config.vocab, (steps * accumulation, BATCH, LENGTH + 1))
     batches = [(t[:, :-1], t[:, 1:]) for t in tokens]
 
-    if side == "accel":
-        import accel
+    def loss_of(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = model(inputs)
+        return F.cross_entropy(logits.reshape(-1, config.vocab), targets.reshape(-1))
 
-        acc = accel.get_accelerator("tpu")
-        model = acc.model_to_device(model)
+    def with_accel() -> Callable[[], torch.Tensor]:
+        model = acc.model_to_device(copy.deepcopy(initial))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99))
         loader = acc.device_loader(batches)
 
-        def backward(loss: torch.Tensor, last: bool) -> None:
-            with acc.no_sync(model, enabled=not last):
-                loss.backward()
+        def epoch() -> torch.Tensor:
+            for index, (inputs, targets) in enumerate(loader):
+                last = index % accumulation == accumulation - 1
+                with acc.no_sync(model, enabled=not last):
+                    loss = loss_of(model, inputs, targets)
+                    (loss / accumulation).backward()
+                if last:
+                    acc.clip_grad_norm_(model.parameters(), 1.0)
+                    acc.optimizer_step(optimizer)
+                    optimizer.zero_grad(set_to_none=True)
+            return loss
 
-        def step() -> None:
-            acc.clip_grad_norm_(model.parameters(), 1.0)
-            acc.optimizer_step(optimizer)
-    else:
+        return epoch
+
+    def by_hand() -> Callable[[], torch.Tensor]:
         device = torch_xla.device()
-        model = model.to(device)
+        model = copy.deepcopy(initial).to(device)
         model.lm_head.weight = model.wte.weight  # .to() untied it: re-tie by hand
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99))
         loader = pl.MpDeviceLoader(batches, device)
 
-        def backward(loss: torch.Tensor, last: bool) -> None:
-            loss.backward()
+        def epoch() -> torch.Tensor:
+            for index, (inputs, targets) in enumerate(loader):
+                loss = loss_of(model, inputs, targets)
+                (loss / accumulation).backward()
+                if index % accumulation == accumulation - 1:
+                    xm.reduce_gradients(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+            return loss
 
-        def step() -> None:
-            xm.reduce_gradients(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+        return epoch
 
-    started = 0.0
-    for index, (inputs, targets) in enumerate(loader):
-        optimizer_step, micro_step = divmod(index, accumulation)
-        if optimizer_step == warmup and micro_step == 0:
+    epochs = {"accel": with_accel(), "torch_xla": by_hand()}
+    graphs = dict.fromkeys(SIDES, 0)
+    executions = dict.fromkeys(SIDES, 0)
+    seconds: dict[str, list[float]] = {side: [] for side in SIDES}
+    losses = {}
+
+    def counts() -> tuple[int, int]:
+        compiled = metrics.metric_data("CompileTime")
+        executed = metrics.metric_data("ExecuteTime")
+        return (compiled[0] if compiled else 0), (executed[0] if executed else 0)
+
+    for round_ in range(-WARMUP_EPOCHS, ROUNDS):
+        for side in SIDES if round_ % 2 == 0 else SIDES[::-1]:
             torch_xla.sync()
             xm.wait_device_ops()
+            compiled, executed = counts()
             started = time.perf_counter()
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.reshape(-1, config.vocab), targets.reshape(-1))
-        last = micro_step == accumulation - 1
-        backward(loss / accumulation, last)
-        if last:
-            step()
-            optimizer.zero_grad(set_to_none=True)
-    torch_xla.sync()
-    xm.wait_device_ops()
-    elapsed = time.perf_counter() - started
-    compiled = metrics.metric_data("CompileTime")
-    executed = metrics.metric_data("ExecuteTime")
-    return {
-        "step_s": elapsed / (steps - warmup),
-        "graphs": float(compiled[0]) if compiled else 0.0,
-        "executions": float(executed[0]) if executed else 0.0,
-        "last_loss": float(loss.item()),
-    }
+            loss = epochs[side]()
+            torch_xla.sync()
+            xm.wait_device_ops()  # (torch_xla counts an execution when it ends)
+            elapsed = time.perf_counter() - started
+            compiled_now, executed_now = counts()
+            graphs[side] += compiled_now - compiled
+            executions[side] += executed_now - executed
+            losses[side] = float(loss.item())
+            if round_ >= 0:
+                seconds[side].append(elapsed / steps)
+    return {"seconds": seconds, "graphs": graphs, "executions": executions, "losses": losses}
 
 
-def run_child(accumulation: int, side: str) -> dict[str, float]:
+def run_child(accumulation: int) -> dict[str, Any]:
     result = subprocess.run(
-        [sys.executable, __file__, "--child", str(accumulation), side],
+        [sys.executable, __file__, "--child", str(accumulation)],
         capture_output=True,
         text=True,
         check=False,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"accumulation {accumulation}/{side} failed:\n{result.stderr[-3000:]}")
+        raise RuntimeError(f"accumulation {accumulation} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -138,31 +170,23 @@ def main() -> None:
 
     print(environment_line(torch=torch.__version__, torch_xla=torch_xla.__version__))
     rows = []
-    for accumulation, (steps, warmup) in RUNS.items():
-        results: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
-        for round_ in range(ROUNDS):
-            for side in SIDES if round_ % 2 == 0 else SIDES[::-1]:
-                results[side].append(run_child(accumulation, side))
-        pairs = zip(results["accel"], results["torch_xla"], strict=True)
-        ratio = statistics.median(a["step_s"] / b["step_s"] for a, b in pairs)
-        median = {side: statistics.median(r["step_s"] for r in results[side]) for side in SIDES}
-        counts = {
-            side: "/".join(
-                sorted({f"{int(r['graphs'])} / {int(r['executions'])}" for r in results[side]})
-            )
-            for side in SIDES
-        }
-        losses = {side: results[side][0]["last_loss"] for side in SIDES}
+    for accumulation, steps in STEPS_PER_EPOCH.items():
+        result = run_child(accumulation)
+        seconds = result["seconds"]
+        ratios = [a / b for a, b in zip(seconds["accel"], seconds["torch_xla"], strict=True)]
+        ratio = statistics.median(ratios)
+        epochs = ROUNDS + WARMUP_EPOCHS
         rows.append(
             [
-                f"{accumulation} ({steps} steps, {warmup} not timed)",
-                fmt_ms(median["accel"]),
-                fmt_ms(median["torch_xla"]),
+                f"{accumulation} ({steps} steps an epoch)",
+                fmt_ms(statistics.median(seconds["accel"])),
+                fmt_ms(statistics.median(seconds["torch_xla"])),
                 fmt_ratio(ratio),
                 verdict(ratio <= GOAL_RATIO),
-                counts["accel"],
-                counts["torch_xla"],
-                f"{losses['accel']:.5f} / {losses['torch_xla']:.5f}",
+                f"{fmt_ratio(min(ratios))}-{fmt_ratio(max(ratios))}",
+                f"{result['graphs']['accel']} / {result['executions']['accel']}",
+                f"{result['graphs']['torch_xla']} / {result['executions']['torch_xla']}",
+                f"{result['losses']['accel']:.5f} / {result['losses']['torch_xla']:.5f}",
             ]
         )
     print_table(
@@ -174,21 +198,22 @@ def main() -> None:
             "torch_xla by hand",
             "ratio",
             f"goal ≤{GOAL_RATIO}×",
-            "graphs / executions (accel)",
-            "graphs / executions (by hand)",
+            "rounds' ratios",
+            f"graphs / executions in {epochs} epochs (accel)",
+            "(by hand)",
             "last loss (accel / by hand)",
         ],
         rows,
         notes=[
-            f"{ROUNDS} rounds of one fresh process per side, the order flipping each round; "
-            "times: medians; ratio: median of the rounds' ratios",
-            "graphs and executions over the whole run, warm-up included",
+            f"{ROUNDS} rounds of an epoch per side, taking turns in one process, the order "
+            f"flipping each round, after {WARMUP_EPOCHS} warm-up epochs each; times: "
+            "medians; ratio: median of the rounds' ratios",
         ],
     )
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        print(json.dumps(child(int(sys.argv[2]), sys.argv[3])))
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        print(json.dumps(child(int(sys.argv[2]))))
     else:
         main()

@@ -168,8 +168,9 @@ class _WatchedParameters:
         """The sum of the parameters' versions (an optimizer step changes them in place,
         and versions only grow), and a sum over their gradients that a backward pass
         changes (a new gradient, or one added to in place, bumping its version); 0
-        while no parameter has a gradient. A coincidence between two sums only cuts
-        the graph once more than needed."""
+        while no parameter has a gradient. A coincidence between two batches' sums (a
+        watched model freed, another moved) costs one cut more or one fewer, never a
+        graph that keeps growing: the next optimizer step is cut again."""
         versions = gradients = 0
         for ref in self.refs:
             parameter = ref()
