@@ -24,6 +24,7 @@ from accel.training._async_save import (
     wait_for_saves,
 )
 from accel.training._rank_generators import gathered_generators, own_generators
+from accel.training.batch import BatchMover
 from accel.training.checkpoint import checked_path, checked_state, restore_into, storable
 from accel.training.device_loader import DeviceLoader
 from accel.training.precision import full_precision, requested_dtype
@@ -336,15 +337,17 @@ class Accelerator:
     def device_loader(self, loader: Iterable[_Batch]) -> DeviceLoader[_Batch]:
         """Iterate ``loader``'s batches already on :attr:`device`, moved ahead of use.
 
-        XLA uses torch_xla's parallel loader (which also marks the step per batch),
-        CUDA copies the next batch from pinned memory while the current one is used,
-        the CPU yields the batches as they are. ``len()`` is the loader's, where it
+        XLA uses torch_xla's parallel loader and marks the step as the next batch is
+        handed out, except between the micro-steps of an accumulation; CUDA copies the
+        next batch from pinned memory while the current one is used; the CPU yields the
+        batches as they are. ``len()`` is the loader's, where it
         has one; every ``for`` over the result is a new epoch.
 
         :raises TypeError: ``loader`` is not iterable.
         """
         checked_loader(loader)
-        batches = self._hooks.device_loader(loader, self.device, self.batch_to_device)
+        move = self.batch_to_device if self._hooks.moves_batches else BatchMover(self.device)
+        batches = self._hooks.device_loader(loader, self.device, move)
         return DeviceLoader(loader, batches, f"{type(loader).__name__} -> {self.device}")
 
     def state_dict(self, model: nn.Module) -> dict[str, Any]:

@@ -442,11 +442,13 @@ def device_loader(
     Iterated once per epoch, so return something iterable again and again (a
     class with ``__iter__``, not a generator). ``move`` is the handle's
     ``batch_to_device``, with every plugin's batch hooks: pass every batch through
-    it, so those hooks run whichever loader is in use. Transfer ahead of use where
+    it, so those hooks run whichever loader is in use (where no plugin implements
+    ``batch_to_device``, ``move`` is accel's own ``move_batch``, a ``BatchMover``, which
+    a loader that already moved a batch whole may skip). Transfer ahead of use where
     the device allows it: the TPU plugin lets torch_xla's ``MpDeviceLoader`` copy the
-    CPU tensors, rebuilds each batch as the loader made it and then calls ``move``
-    on it; the CUDA plugin copies the next batch from pinned memory while the
-    current one is used. Batches may already be on the device, and ``loader`` may be
+    CPU tensors, rebuilds each batch as the loader made it and then calls ``move`` on
+    it; the CUDA plugin copies the next batch from pinned memory while the current one
+    is used. Batches may already be on the device, and ``loader`` may be
     a :class:`~accel.training.device_loader.DeviceLoader` itself (wrapped twice).
     *First result*: the fallback moves each batch with ``move`` as it is taken.
     Example::

@@ -260,6 +260,13 @@ class AcceleratorHooks:
         ``mark_step``: a lazy graph (XLA) that a save must cut first)."""
         return not self._listed(hook_name).fallback_only
 
+    @property
+    def moves_batches(self) -> bool:
+        """Whether a plugin implements ``batch_to_device``; if none does, a
+        ``device_loader`` hook gets accel's own mover as ``move`` (a ``BatchMover``), which
+        a loader that moved a batch whole itself may skip."""
+        return not self._listed("batch_to_device")[1]
+
     def describe(self, plugin_name: str | None, hook_name: str) -> str:
         """Name the plugin that answered ``hook_name`` (``None``: not known, so every
         plugin that may have answered), with its provider, for messages."""

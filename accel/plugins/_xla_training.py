@@ -4,7 +4,8 @@ XLA traces operations into a lazy graph and compiles each distinct graph once. A
 loop that never marks a step boundary traces one ever-growing graph, compiled anew
 every step (30 steps: 30 compilations, minutes instead of seconds); these hooks put
 the boundary after every optimizer step, or, inside an ``acc.device_loader`` loop,
-at the next batch, as torch_xla's ``MpDeviceLoader`` does.
+at the next batch (:mod:`accel.plugins._xla_loader`, which cuts no graph between the
+micro-batches of an accumulation).
 
 Why not always right after the step: the gradients are still alive then, so the
 graph has to write them out as results; one batch later ``zero_grad()`` has dropped
@@ -14,26 +15,25 @@ them. On GPT-2 small that is a quarter of the step's time and a gigabyte of memo
 from __future__ import annotations
 
 import threading
-from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from contextlib import AbstractContextManager
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from accel._util.notes import add_note
 from accel.errors import AcceleratorOSError, AcceleratorRuntimeError, AcceleratorValueError
 from accel.markers import hookimpl
 from accel.plugins._xla_gradients import note_reduced, reduce_for_clipping, reduce_for_step
+from accel.plugins._xla_loader import XlaLoader, chain, watch_model
+from accel.plugins._xla_loader import loop_state as _loop_state
 from accel.training.atomic import atomic_save
 from accel.training.device_loader import DeviceLoader
 from accel.training.memory import unknown
-from accel.training.nested import map_nested
 from accel.training.precision import bfloat16_autocast
 from accel.training.step import clip_grad_norm, scaled_step
 from accel.types import MemoryStats
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from accel.types import MemoryStats
 
@@ -153,8 +153,15 @@ class XlaTrainingHooks:
             # Wrapped twice: one parallel loader over the original loader, each batch
             # through both moves. Two nested ones would run torch_xla's loader inside
             # its own loader thread, which it refuses ("Expecting scope to be empty").
-            return XlaLoader(inner.loader, device, _chain(inner.move, move))
+            return XlaLoader(inner.loader, device, chain(inner.move, move))
         return XlaLoader(loader, device, move)
+
+    @hookimpl
+    def post_move_hook(self, model: nn.Module, device: torch.device) -> None:
+        # The gradients device_loader watches to cut the graph at the optimizer step
+        # rather than at every micro-batch (accel.plugins._xla_loader).
+        if device.type == "xla":
+            watch_model(model)
 
     @hookimpl
     def state_dict(self) -> None:
@@ -233,62 +240,6 @@ class XlaTrainingHooks:
         return True
 
 
-class XlaLoader:
-    """torch_xla's ``MpDeviceLoader`` over ``loader``, re-raising the loader's errors.
-
-    The parallel loader copies each batch's CPU tensors to ``device`` in a background
-    thread; tensors already on an XLA device stay out of it (torch_xla aborts on them:
-    ``Check failed: tensor_data``). Each batch is then rebuilt as the loader made it
-    (:mod:`accel.training.nested`'s rules, as on every accelerator) and passed
-    through ``move``, the handle's ``batch_to_device``, so the plugins' batch hooks
-    run on TPU too (they see the tensors already on the device).
-
-    ``MpDeviceLoader`` reads the loader in a background thread; an exception there
-    ends that thread and the iteration simply stops, as if the epoch were over.
-    Here the exception is caught in the thread and raised in the training loop.
-    """
-
-    __slots__ = ("device", "loader", "move")
-
-    def __init__(
-        self, loader: Iterable[Any], device: torch.device, move: Callable[[Any], Any]
-    ) -> None:
-        self.loader = loader
-        self.device = device
-        self.move = move
-
-    def __iter__(self) -> Iterator[Any]:
-        import torch_xla.distributed.parallel_loader as pl
-
-        source = _Capturing(self.loader)
-        move = self.move
-        loop = _loop_state()
-        loop.active += 1
-        try:
-            for tensors in pl.MpDeviceLoader(source, self.device):
-                loop.fetches += 1
-                loop.owed = False  # MpDeviceLoader marked the step before this batch
-                # torch_xla hands back tuples as lists and drops dataclasses; rebuild the
-                # batch as the loader made it around the moved tensors.
-                skeleton = source.skeletons.popleft()
-                batch = map_nested(skeleton, partial(_fill, tensors), leaf_type=_Slot)
-                yield move(batch)
-        finally:  # also on `break`: the loop's last step is marked here
-            loop.active -= 1
-            if loop.owed:
-                import torch_xla
-
-                torch_xla.sync()
-                loop.owed = False
-        if source.error is not None:
-            add_note(
-                source.error,
-                f"accel: raised by the loader after {source.count} batches, in "
-                f"torch_xla's loader thread; the batches before it were used.",
-            )
-            raise source.error
-
-
 class _Stepped:
     """What :meth:`XlaTrainingHooks.step_with_closure` returned, wrapped: the step ran,
     even where it returned ``None`` (so no later implementation steps again)."""
@@ -297,76 +248,6 @@ class _Stepped:
 
     def __init__(self, value: Any) -> None:
         self.value = value
-
-
-def _chain(first: Callable[[Any], Any], then: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda batch: then(first(batch))
-
-
-class _LoopState(threading.local):
-    """Per thread: the device_loader loops running and the steps they owe a mark."""
-
-    def __init__(self) -> None:
-        self.active = 0  # XlaLoader iterations in progress
-        self.fetches = 0  # batches they handed out
-        self.fetches_at_last_step = -1  # ``fetches`` at the last optimizer_step
-        self.owed = False  # an optimizer_step left its mark to the next batch
-
-
-_LOOP_STATE = _LoopState()
-
-
-def _loop_state() -> _LoopState:
-    return _LOOP_STATE
-
-
-class _Slot:
-    """Where the ``index``-th tensor of a batch goes back in."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
-class _Capturing:
-    """Iterates ``loader`` (in torch_xla's loader thread), keeping the exception that
-    ends it, and handing over each batch's CPU tensors as a flat list; the batch's shape
-    waits in ``skeletons``, in order, for the training loop to rebuild it."""
-
-    __slots__ = ("_loader", "count", "error", "skeletons")
-
-    def __init__(self, loader: Iterable[Any]) -> None:
-        self._loader = loader
-        self.error: Exception | None = None
-        self.count = 0
-        self.skeletons: deque[Any] = deque()  # appended here, popped there: thread-safe
-
-    def __len__(self) -> int:
-        return len(self._loader)  # type: ignore[arg-type]
-
-    def __iter__(self) -> Iterator[Any]:
-        try:
-            for batch in self._loader:
-                tensors: list[torch.Tensor] = []
-
-                def take(
-                    tensor: torch.Tensor, tensors: list[torch.Tensor] = tensors
-                ) -> _Slot | torch.Tensor:
-                    if tensor.device.type != "cpu":
-                        return tensor  # already on a device: kept, and `move` sees it
-                    tensors.append(tensor)
-                    return _Slot(len(tensors) - 1)
-
-                self.skeletons.append(map_nested(batch, take))
-                self.count += 1
-                yield tensors
-        except Exception as exc:
-            self.error = exc
-
-
-def _fill(tensors: list[torch.Tensor], slot: _Slot) -> torch.Tensor:
-    return tensors[slot.index]
 
 
 def _int_or_none(value: object) -> int | None:

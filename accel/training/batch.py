@@ -65,6 +65,20 @@ def move_batch(batch: Any, device: torch.device) -> Any:
     return map_nested(batch, move, leaf_type=tensor_type, what="batch")
 
 
+class BatchMover:
+    """``move_batch(batch, device)`` as an object: the ``move`` a ``device_loader`` hook
+    gets from the handle when no plugin moves batches itself, so that the hook can
+    tell when a batch it already put on ``device`` needs nothing more."""
+
+    __slots__ = ("device",)
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __call__(self, batch: Any) -> Any:
+        return move_batch(batch, self.device)
+
+
 def _tensor_mover(device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
     if device.type != "cuda":
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import accel
+from accel.training.batch import BatchMover
 from accel.training.memory import MEMORY_KEYS
 from helpers.models import TiedLM
 from helpers.registries import isolated_registry
@@ -100,6 +101,34 @@ def test_the_fallback_device_loader_moves_each_batch_through_the_batch_hooks() -
     first = next(iterator)
     assert first["moved"] and plugin.moved == [0]  # moved as taken, not all up front
     assert [b["i"] for b in iterator] == [1, 2] and plugin.moved == [0, 1, 2]
+
+
+def test_a_device_loader_hook_gets_move_batch_itself_unless_a_plugin_moves_batches() -> None:
+    class KeepsMove(BareAccelerator):
+        def __init__(self) -> None:
+            super().__init__("keeps")
+            self.moves: list[Any] = []
+
+        @accel.hookimpl
+        def device_loader(self, loader: Any, move: Any) -> Any:
+            self.moves.append(move)
+            return [move(batch) for batch in loader]
+
+    class TagsBatches:
+        @accel.hookimpl
+        def batch_to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+            return {**batch, "tagged": True}
+
+    plugin = KeepsMove()
+    registry = isolated_registry(plugin)
+    plain = list(registry.get_accelerator("keeps").device_loader(_batches(1)))
+    registry.register(TagsBatches())
+    tagged = list(registry.get_accelerator("keeps").device_loader(_batches(1)))
+    # No plugin moves batches: the hook may recognise accel's own mover (the TPU's
+    # loader skips it for batches torch_xla already moved whole).
+    assert isinstance(plugin.moves[0], BatchMover) and plugin.moves[0].device.type == "cpu"
+    assert "tagged" not in plain[0] and torch.equal(plain[0]["x"], torch.zeros(2))
+    assert not isinstance(plugin.moves[1], BatchMover) and tagged[0]["tagged"] is True
 
 
 def test_a_plugins_device_loader_decides_how_batches_travel() -> None:
