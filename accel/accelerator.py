@@ -346,7 +346,10 @@ class Accelerator:
         :raises TypeError: ``loader`` is not iterable.
         """
         checked_loader(loader)
-        move = self.batch_to_device if self._hooks.moves_batches else BatchMover(self.device)
+        # No plugin moves batches: the loader gets accel's own mover, which a loader
+        # that moved a batch whole itself may skip.
+        plugin_moves = self._hooks.answered_by_plugin("batch_to_device")
+        move = self.batch_to_device if plugin_moves else BatchMover(self.device)
         batches = self._hooks.device_loader(loader, self.device, move)
         return DeviceLoader(loader, batches, f"{type(loader).__name__} -> {self.device}")
 

@@ -39,13 +39,12 @@ _T = TypeVar("_T")
 
 
 class _Listed(NamedTuple):
-    """A hook's implementations, as pluggy lists them."""
+    """A hook's implementations in pluggy's call order (last registered first,
+    ``tryfirst``/``trylast`` honoured); whether a wrapper is among them (then pluggy runs
+    the call); whether accel's fallback is the only one (then it is called directly)."""
 
-    #: In pluggy's call order: last registered first, ``tryfirst``/``trylast`` honoured.
     call_order: tuple[pluggy.HookImpl, ...]
-    #: A wrapper is among them: pluggy must run the call.
     has_wrapper: bool
-    #: accel's fallback is the only one: the handle's calls skip pluggy's loop.
     fallback_only: bool
 
 
@@ -259,13 +258,6 @@ class AcceleratorHooks:
         """Whether a plugin implements ``hook_name``, not accel's fallback alone (for
         ``mark_step``: a lazy graph (XLA) that a save must cut first)."""
         return not self._listed(hook_name).fallback_only
-
-    @property
-    def moves_batches(self) -> bool:
-        """Whether a plugin implements ``batch_to_device``; if none does, a
-        ``device_loader`` hook gets accel's own mover as ``move`` (a ``BatchMover``), which
-        a loader that moved a batch whole itself may skip."""
-        return not self._listed("batch_to_device")[1]
 
     def describe(self, plugin_name: str | None, hook_name: str) -> str:
         """Name the plugin that answered ``hook_name`` (``None``: not known, so every
