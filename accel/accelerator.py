@@ -15,7 +15,8 @@ from accel._core.hooks import AcceleratorHooks
 from accel._core.moving import move_model
 from accel._util.notes import add_note
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
-from accel.training._async_save import (
+from accel.training.batch import BatchMover
+from accel.training.checkpoint._async_save import (
     PendingSave,
     check_asynchronous,
     device_state_dict,
@@ -23,13 +24,12 @@ from accel.training._async_save import (
     save_in_background,
     wait_for_saves,
 )
-from accel.training._rank_generators import gathered_generators, own_generators
-from accel.training.batch import BatchMover
-from accel.training.checkpoint import checked_path, checked_state, restore_into, storable
+from accel.training.checkpoint._preemption import PreemptionGuard
+from accel.training.checkpoint._rank_generators import gathered_generators, own_generators
+from accel.training.checkpoint._rng import host_rng_state, set_host_rng_state
+from accel.training.checkpoint._state import checked_path, checked_state, restore_into, storable
 from accel.training.device_loader import DeviceLoader
 from accel.training.precision import full_precision, requested_dtype
-from accel.training.preemption import PreemptionGuard
-from accel.training.rng import host_rng_state, set_host_rng_state
 from accel.training.step import (
     checked_clip_arguments,
     checked_loader,

@@ -467,7 +467,7 @@ def state_dict(accelerator: str, model: torch.nn.Module) -> dict[str, Any] | Non
     A tensor the model holds under several names (a tied weight) must be one CPU
     tensor under all of them, so that ``torch.save`` stores it once and
     ``load_state_dict`` restores the tie. *First result*: the fallback
-    (:func:`accel.training.checkpoint.cpu_state_dict`) copies each distinct tensor once.
+    (:func:`accel.training.checkpoint._state.cpu_state_dict`) copies each distinct tensor once.
     Example::
 
         @accel.hookimpl
@@ -486,11 +486,11 @@ def save(accelerator: str, obj: Any, path: str | os.PathLike[str]) -> bool | Non
     replaced by their state dicts and the step already marked; its tensors may still
     be on the device. The write must be atomic: ``path`` holds the previous file or
     the new one, never a torn one
-    (:func:`accel.training.atomic.atomic_save` does it, and stores tensors on the CPU).
+    (:func:`accel.training.checkpoint._atomic.atomic_save` does it, and stores tensors on the CPU).
     Only the main process of a distributed job writes, every process returns once the
     file is complete, and a failed write raises an ``OSError`` on every process.
     *First result*: the fallback
-    (:func:`accel.training.checkpoint.save_on_main_process`) writes on rank 0 of an
+    (:func:`accel.training.checkpoint._state.save_on_main_process`) writes on rank 0 of an
     initialised :mod:`torch.distributed` group, or always without one. An
     asynchronous save (``acc.save(obj, path, asynchronous=True)``) in a process
     without such a group calls this hook in a background thread, with ``obj`` a
@@ -501,7 +501,7 @@ def save(accelerator: str, obj: Any, path: str | os.PathLike[str]) -> bool | Non
         @accel.hookimpl
         def save(obj, path):
             if my_runtime.rank() == 0:
-                accel.training.atomic.atomic_save(obj, path)
+                accel.training.checkpoint._atomic.atomic_save(obj, path)
             my_runtime.barrier()
             return True
     """
@@ -514,7 +514,7 @@ def load(accelerator: str, path: str | os.PathLike[str]) -> Any:
 
     Must read with ``weights_only=True`` (a checkpoint never runs code). The handle then
     restores the state into the user's objects in place and marks the step. *First
-    result*: the fallback (:func:`accel.training.checkpoint.load_checkpoint`) is
+    result*: the fallback (:func:`accel.training.checkpoint._state.load_checkpoint`) is
     ``torch.load(path, map_location="cpu", weights_only=True)`` with clear errors.
     Example::
 

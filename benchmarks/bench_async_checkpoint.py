@@ -39,10 +39,10 @@ from bench_models import GPT2_SMALL, GPT2Config, gpt2_style
 from torch.nn import functional as F
 
 import accel
-from accel.training._async_save import device_state_dict
-from accel.training._snapshot import spare_of, take_snapshot
-from accel.training.atomic import atomic_save
-from accel.training.checkpoint import storable
+from accel.training.checkpoint._async_save import device_state_dict
+from accel.training.checkpoint._atomic import atomic_save
+from accel.training.checkpoint._snapshot import spare_of, take_snapshot
+from accel.training.checkpoint._state import storable
 
 SMALL = GPT2Config(vocab=8192, width=256, layers=4, heads=4)
 

@@ -21,7 +21,7 @@ from accel._core.blame import note_culprit
 from accel._util.names import describe_index_range
 from accel._util.notes import REPORT_TO_AUTHORS
 from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError, PluginError
-from accel.training._restoring import restored_tensors_problem
+from accel.training.checkpoint._restoring import restored_tensors_problem
 from accel.training.memory import memory_stats_problem
 from accel.tying._keeping import MOVED_BY_NOTE
 from accel.types import Availability, MemoryStats, MoveContext

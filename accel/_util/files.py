@@ -1,12 +1,21 @@
-"""File-system steps the checkpoint writers share: a directory's fsync, and whether the
-process that left a temporary file behind is still running."""
+"""File-system steps the checkpoint writers share: a directory's fsync, and the
+temporaries that killed saves left behind."""
 
 from __future__ import annotations
 
 import os
+import re
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
-__all__ = ["fsync_directory", "process_alive"]
+__all__ = ["TEMPORARY_MARK", "fsync_directory", "process_alive", "stale_temporaries"]
+
+#: Ends the name of every temporary file or directory a checkpoint writer makes.
+TEMPORARY_MARK: Final = ".accel-tmp"
+# ``<host>.<pid>``, and a random part after them where several threads may save.
+_OWNER: Final = re.compile(r"(?P<host>.+)\.(?P<pid>\d+)(?:\.[0-9a-f]{8})?")
 
 
 def fsync_directory(directory: Path) -> None:
@@ -34,3 +43,22 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True  # someone else's process
     return True
+
+
+def stale_temporaries(target: Path) -> Iterator[os.DirEntry[str]]:
+    """The temporaries of saves to ``target`` (``.<name>.<host>.<pid>[.<random>]``
+    and :data:`TEMPORARY_MARK`) whose process, on this host, is gone: killed mid-save.
+    A resumed run saves the same step again, so nobody else will remove them."""
+    prefix = f".{target.name}."
+    host = socket.gethostname()
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return  # the save itself reports what is wrong with the directory
+    for entry in entries:
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(TEMPORARY_MARK)):
+            continue
+        owner = _OWNER.fullmatch(name[len(prefix) : -len(TEMPORARY_MARK)])
+        if owner is not None and owner["host"] == host and not process_alive(int(owner["pid"])):
+            yield entry

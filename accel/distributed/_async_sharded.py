@@ -7,7 +7,7 @@ in the background. Once every rank's shards and DCP's ``.metadata`` are written,
 tensor into new CPU storage (CPU tensors too, so the loop's next steps never reach the
 checkpoint), and then DCP writes in a thread of its own. It needs a process group that
 can talk from the host: accel passes the gloo group of its asynchronous saves
-(:func:`~accel.training._async_save.save_group`), so it works under nccl too. The
+(:func:`~accel.training.checkpoint._async_save.save_group`), so it works under nccl too. The
 commit waits on DCP's future in accel's background thread, so one save stays in
 flight, shared with ``acc.save``.
 """
@@ -24,7 +24,7 @@ from torch.distributed.checkpoint import state_dict_saver
 
 from accel._util.files import fsync_directory
 from accel.errors import AcceleratorOSError, AcceleratorValueError
-from accel.training._async_save import (
+from accel.training.checkpoint._async_save import (
     PendingSave,
     check_asynchronous,
     one_save_at_a_time,

@@ -37,16 +37,22 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from accel._util.files import fsync_directory, process_alive
+from accel._util.files import TEMPORARY_MARK, fsync_directory, stale_temporaries
 from accel.distributed._async_sharded import check_sharded_asynchronous, save_sharded_in_background
-from accel.distributed._spmd_checkpoint import is_spmd, spmd_entry, spmd_load, spmd_save_planner
+from accel.distributed._spmd_checkpoint import (
+    is_optimizer,
+    is_spmd,
+    spmd_entry,
+    spmd_load,
+    spmd_save_planner,
+)
 from accel.errors import (
     AcceleratorFileExistsError,
     AcceleratorFileNotFoundError,
     AcceleratorTypeError,
 )
-from accel.training._async_save import PendingSave, wait_for_saves
-from accel.training._rank_generators import (
+from accel.training.checkpoint._async_save import PendingSave, wait_for_saves
+from accel.training.checkpoint._rank_generators import (
     gathered_generators,
     own_generators,
     record_placeholders,
@@ -85,13 +91,13 @@ def save_sharded(
 
     With ``asynchronous=True`` it returns once DCP's ``async_save`` has copied the
     state to the host, and the writes and the rename run in the background; the
-    :class:`~accel.training._async_save.PendingSave` it returns has ``wait()`` and
+    :class:`~accel.training.checkpoint._async_save.PendingSave` it returns has ``wait()`` and
     ``done()`` (on every rank). Like :meth:`Accelerator.save`, it first waits for the
     pending save and raises its failure.
 
     :raises TypeError: ``state`` is not a dict, or holds no module or two.
     :raises FileExistsError: ``path`` exists already (sharded checkpoints are written
-        once: name them by step with :func:`accel.training.retention.checkpoint_path`).
+        once: name them by step with :func:`accel.training.checkpoint._retention.checkpoint_path`).
     :raises ValueError: ``asynchronous=True`` under XLA SPMD.
     """
 
@@ -112,7 +118,7 @@ def save_sharded(
     if rank == 0:
         _remove_stale_temporaries(target)
     # Every rank must name the same directory: the main process's host and pid.
-    word = [f".{target.name}.{socket.gethostname()}.{os.getpid()}.accel-tmp"]
+    word = [f".{target.name}.{socket.gethostname()}.{os.getpid()}{TEMPORARY_MARK}"]
     if dist.is_initialized():
         dist.broadcast_object_list(word, src=0)
     temporary = target.with_name(word[0])
@@ -171,11 +177,11 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
         read(app_state, _weights_only_planner())
     plain = dict(own_generators(app_state[_PLAIN]))  # this rank's generators
     for key, value in state.items():
-        if spmd and (value is model or _is_optimizer(value)):
+        if spmd and (value is model or is_optimizer(value)):
             continue  # loaded in place by spmd_load
         if value is model:
             set_model_state_dict(model, app_state[key])
-        elif _is_optimizer(value):
+        elif is_optimizer(value):
             set_optimizer_state_dict(model, value, app_state[key])
         elif key in plain and hasattr(value, "load_state_dict"):
             value.load_state_dict(plain.pop(key))
@@ -212,11 +218,11 @@ def _app_state(
     model = state[modules[0]]
     app_state: dict[str, Any] = {_PLAIN: {}}
     for key, value in state.items():
-        if spmd and (value is model or _is_optimizer(value)):
+        if spmd and (value is model or is_optimizer(value)):
             app_state[key] = spmd_entry(model, value)
         elif value is model:
             app_state[key] = get_model_state_dict(model)
-        elif _is_optimizer(value):
+        elif is_optimizer(value):
             app_state[key] = get_optimizer_state_dict(model, value)
         elif hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
             app_state[_PLAIN][key] = value.state_dict()  # a scheduler: same on every rank
@@ -225,23 +231,7 @@ def _app_state(
     return model, app_state
 
 
-def _is_optimizer(value: object) -> bool:
-    return isinstance(value, torch.optim.Optimizer)
-
-
 def _remove_stale_temporaries(target: Path) -> None:
-    """Remove the temporary directories of saves to ``target`` whose main process, on
-    this host, is gone (killed mid-save): a resumed run saves the same step again."""
-    prefix, mark = f".{target.name}.", ".accel-tmp"
-    host = socket.gethostname()
-    try:
-        entries = list(os.scandir(target.parent))
-    except OSError:
-        return  # the save itself reports what is wrong with the directory
-    for entry in entries:
-        name = entry.name
-        if not (name.startswith(prefix) and name.endswith(mark) and entry.is_dir()):
-            continue
-        owner_host, _, pid = name[len(prefix) : -len(mark)].rpartition(".")
-        if owner_host == host and pid.isdigit() and not process_alive(int(pid)):
+    for entry in stale_temporaries(target):
+        if entry.is_dir():
             shutil.rmtree(entry.path, ignore_errors=True)

@@ -21,7 +21,7 @@ from accel.distributed._launchers import LaunchEnvironment, read_launch_environm
 from accel.distributed._restarts import attempt_store
 from accel.distributed._xla_group import start_xla_group
 from accel.errors import AcceleratorValueError
-from accel.training._async_save import wait_for_saves
+from accel.training.checkpoint._async_save import wait_for_saves
 
 if TYPE_CHECKING:
     import torch

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["is_spmd", "spmd_entry", "spmd_load", "spmd_save_planner"]
+__all__ = ["is_optimizer", "is_spmd", "spmd_entry", "spmd_load", "spmd_save_planner"]
 
 
 def is_spmd() -> bool:
@@ -62,15 +62,15 @@ def spmd_load(
     through its own Parameters, so it keeps its device, its sharding and its ties."""
 
     for value in state.values():
-        if _is_optimizer(value) and not value.state:
+        if is_optimizer(value) and not value.state:
             _prime(value)
     for key, value in state.items():  # again: priming created the state tensors
-        if _is_optimizer(value):
+        if is_optimizer(value):
             app_state[key] = spmd_entry(model, value)
     with torch.no_grad():  # the Parameters are written into, not differentiated
         read(app_state, spmd_load_planner())
     for key, value in state.items():
-        if _is_optimizer(value):
+        if is_optimizer(value):
             # The tensors were loaded in place; this applies the param_groups (lr, ...).
             value.load_state_dict(app_state[key])
 
@@ -107,5 +107,5 @@ def _prime(optimizer: torch.optim.Optimizer) -> None:
         parameter.grad = grad  # the run's own gradients (usually None), as before
 
 
-def _is_optimizer(value: object) -> bool:
+def is_optimizer(value: object) -> bool:
     return isinstance(value, torch.optim.Optimizer)

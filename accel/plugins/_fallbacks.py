@@ -22,11 +22,11 @@ import torch
 from accel.errors import AcceleratorValueError, PluginError
 from accel.markers import hookimpl
 from accel.training.batch import move_batch
-from accel.training.checkpoint import cpu_state_dict, load_checkpoint, save_on_main_process
+from accel.training.checkpoint._rng import device_generators_of
+from accel.training.checkpoint._state import cpu_state_dict, load_checkpoint, save_on_main_process
 from accel.training.device_loader import MovingLoader
 from accel.training.memory import unknown
 from accel.training.precision import autocast_to
-from accel.training.rng import device_generators_of
 from accel.training.step import clip_grad_norm, gradient_sync_paused, scaled_step
 from accel.types import Availability, MemoryStats
 

@@ -24,7 +24,7 @@ from accel.markers import hookimpl
 from accel.plugins._xla_gradients import note_reduced, reduce_for_clipping, reduce_for_step
 from accel.plugins._xla_loader import XlaLoader, chain, watch_model
 from accel.plugins._xla_loader import loop_state as _loop_state
-from accel.training.atomic import atomic_save
+from accel.training.checkpoint._atomic import atomic_save
 from accel.training.device_loader import DeviceLoader
 from accel.training.memory import unknown
 from accel.training.precision import bfloat16_autocast

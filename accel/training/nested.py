@@ -1,7 +1,7 @@
 """One walker for nested batches and checkpoints, with one set of rules.
 
 Batch moves (:func:`accel.training.batch.move_batch`), every ``device_loader``,
-checkpoints (:func:`accel.training.checkpoint.map_tensors`) and SPMD sharding walk
+checkpoints (:func:`accel.training.checkpoint._state.map_tensors`) and SPMD sharding walk
 containers of tensors with :func:`map_nested` or :func:`tensors_in`, so the
 container a training loop receives is the same on every accelerator. The rules:
 

@@ -22,10 +22,13 @@ ALLOWED: dict[tuple[str, str], str] = {
     # The OS's own error, re-raised with the checkpoint named: same subclass (picked by
     # errno: FileNotFoundError, PermissionError, ...) and errno, so `except
     # FileNotFoundError` and `e.errno` keep working.
-    ("accel.training.atomic", "OSError"): "the OS's error, re-raised with the path named",
+    (
+        "accel.training.checkpoint._atomic",
+        "OSError",
+    ): "the OS's error, re-raised with the path named",
     # torch's weights_only refusal, re-worded: `except pickle.UnpicklingError` is what
     # torch users write.
-    ("accel.training.checkpoint", "UnpicklingError"): "torch's refusal, re-worded",
+    ("accel.training.checkpoint._state", "UnpicklingError"): "torch's refusal, re-worded",
     # Python's own for a missing optional dependency, raised at import time.
     ("accel.integrations.lightning", "ModuleNotFoundError"): "a missing 'lightning'",
     ("accel.integrations.ray", "ModuleNotFoundError"): "a missing 'ray[train]'",

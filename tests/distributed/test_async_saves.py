@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import accel
-from accel.training.atomic import is_temporary
-from accel.training.retention import list_checkpoints
+from accel.training.checkpoint._atomic import is_temporary
+from accel.training.checkpoint._retention import list_checkpoints
 from helpers.distributed import (  # noqa: F401  (an autouse fixture)
     SCRIPTS,
     no_launcher_and_no_group,

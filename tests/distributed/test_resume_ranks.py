@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import accel
-from accel.training.retention import latest_checkpoint, list_checkpoints
+from accel.training.checkpoint._retention import latest_checkpoint, list_checkpoints
 from helpers.distributed import (  # noqa: F401  (an autouse fixture)
     SCRIPTS,
     no_launcher_and_no_group,

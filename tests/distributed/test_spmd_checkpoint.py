@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from accel.training.atomic import TEMPORARY_MARK
-from accel.training.retention import list_checkpoints
+from accel.training.checkpoint._atomic import TEMPORARY_MARK
+from accel.training.checkpoint._retention import list_checkpoints
 from helpers.distributed import SCRIPTS, no_launcher_and_no_group  # noqa: F401
 from helpers.processes import run_python
 

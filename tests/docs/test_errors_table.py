@@ -32,7 +32,7 @@ import accel.distributed
 import accel.distributed._launchers as launchers
 from accel.distributed import DistributedSetupError
 from accel.plugins import tpu
-from accel.training._rank_generators import RECORD_KEY
+from accel.training.checkpoint._rank_generators import RECORD_KEY
 from helpers.fake_torch_xla import pretend_torch_xla
 from helpers.fakes import MetaTpuPlugin
 from helpers.installing import write_distribution
@@ -1292,7 +1292,7 @@ def _ckpt_rng_other_world_size(mp: pytest.MonkeyPatch) -> object:
 
 @case("ckpt-keep-zero", accel.AcceleratorValueError)
 def _ckpt_keep_zero(mp: pytest.MonkeyPatch) -> object:
-    from accel.training.retention import prune_checkpoints
+    from accel.training.checkpoint._retention import prune_checkpoints
 
     return prune_checkpoints(_saved(1).parent, keep=0)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
-from accel.training import atomic
+from accel.training.checkpoint import _atomic as atomic
 
 HOLD_TIMEOUT_S = 60
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import accel
-from accel.training.atomic import is_temporary
-from accel.training.retention import latest_checkpoint, list_checkpoints
+from accel.training.checkpoint._atomic import is_temporary
+from accel.training.checkpoint._retention import latest_checkpoint, list_checkpoints
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TIMEOUT_S = 120

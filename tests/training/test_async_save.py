@@ -26,9 +26,10 @@ import pytest
 import torch
 
 import accel
-from accel.training import _async_save, atomic
-from accel.training.atomic import is_temporary
-from accel.training.retention import (
+from accel.training.checkpoint import _async_save
+from accel.training.checkpoint import _atomic as atomic
+from accel.training.checkpoint._atomic import is_temporary
+from accel.training.checkpoint._retention import (
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,

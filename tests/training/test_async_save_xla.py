@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import accel
-from accel.training import _async_save
+from accel.training.checkpoint import _async_save
 from helpers.async_saves import HeldWrites
 from helpers.models import TiedLM
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from accel.training.atomic import TEMPORARY_MARK, atomic_save
+from accel.training.checkpoint._atomic import TEMPORARY_MARK, atomic_save
 
 
 def test_saves_to_one_path_from_two_threads_each_leave_a_complete_checkpoint(

@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 import accel
-from accel.training.atomic import is_temporary
-from accel.training.preemption import PreemptionGuard
-from accel.training.retention import (
+from accel.training.checkpoint._atomic import is_temporary
+from accel.training.checkpoint._preemption import PreemptionGuard
+from accel.training.checkpoint._retention import (
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,

@@ -54,7 +54,7 @@ def test_every_container_kind_comes_out_of_xla_as_out_of_the_cpu(tpu: accel.Acce
 
 
 def test_checkpoints_of_xla_tensors_keep_every_container_kind(tpu: accel.Accelerator) -> None:
-    from accel.training.checkpoint import to_cpu
+    from accel.training.checkpoint._state import to_cpu
 
     on_xla = tpu.batch_to_device(every_container())
     back = to_cpu(on_xla)

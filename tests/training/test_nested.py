@@ -11,7 +11,7 @@ import torch
 
 import accel
 from accel.training.batch import move_batch
-from accel.training.checkpoint import map_tensors, to_cpu
+from accel.training.checkpoint._state import map_tensors, to_cpu
 from accel.training.nested import map_nested, tensors_in
 from helpers.nested_batches import (
     Pair,

@@ -15,7 +15,7 @@ import torch
 
 import accel
 from accel.errors import RankGeneratorsWarning
-from accel.training._rank_generators import (
+from accel.training.checkpoint._rank_generators import (
     RECORD_KEY,
     gathered_generators,
     own_generators,

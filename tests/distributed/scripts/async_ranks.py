@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import accel.distributed
-from accel.training import atomic
+from accel.training.checkpoint import _atomic as atomic
 
 
 def wait_for(path: Path) -> None:

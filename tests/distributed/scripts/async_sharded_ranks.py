@@ -28,7 +28,11 @@ from torch import nn
 from torch.distributed.checkpoint import filesystem
 
 import accel.distributed
-from accel.training.retention import checkpoint_path, latest_checkpoint, prune_checkpoints
+from accel.training.checkpoint._retention import (
+    checkpoint_path,
+    latest_checkpoint,
+    prune_checkpoints,
+)
 
 
 def wrap_shard_writes(before: Any = None, after: Any = None) -> None:

@@ -35,7 +35,11 @@ import torch
 from torch import nn
 
 import accel.distributed
-from accel.training.retention import checkpoint_path, latest_checkpoint, prune_checkpoints
+from accel.training.checkpoint._retention import (
+    checkpoint_path,
+    latest_checkpoint,
+    prune_checkpoints,
+)
 
 VOCAB, WIDTH = 16, 8
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch_xla.distributed.spmd as xs
 
 import accel.distributed
-from accel.training.retention import checkpoint_path, latest_checkpoint
+from accel.training.checkpoint._retention import checkpoint_path, latest_checkpoint
 from helpers.models import TiedLM
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 import accel
-from accel.training import atomic
+from accel.training.checkpoint import _atomic as atomic
 
 
 def main() -> int:

@@ -29,8 +29,13 @@ from resumable_loop import SAMPLES, VOCAB, TiedDropoutLM, batch_at
 from torch import nn
 
 import accel
-from accel.training import _async_save, atomic
-from accel.training.retention import checkpoint_path, latest_checkpoint, prune_checkpoints
+from accel.training.checkpoint import _async_save
+from accel.training.checkpoint import _atomic as atomic
+from accel.training.checkpoint._retention import (
+    checkpoint_path,
+    latest_checkpoint,
+    prune_checkpoints,
+)
 
 
 def die_in_write(name: str) -> None:

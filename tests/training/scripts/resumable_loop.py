@@ -26,8 +26,12 @@ import torch
 from torch import nn
 
 import accel
-from accel.training import atomic
-from accel.training.retention import checkpoint_path, latest_checkpoint, prune_checkpoints
+from accel.training.checkpoint import _atomic as atomic
+from accel.training.checkpoint._retention import (
+    checkpoint_path,
+    latest_checkpoint,
+    prune_checkpoints,
+)
 
 VOCAB, WIDTH, BATCH, SAMPLES = 32, 16, 8, 64
 

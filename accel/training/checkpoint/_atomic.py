@@ -20,26 +20,24 @@ import contextlib
 import errno
 import os
 import pickle
-import re
 import secrets
 import socket
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Final
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
     import torch
 
 import torch
 
-from accel._util.files import fsync_directory, process_alive
+from accel._util.files import TEMPORARY_MARK, fsync_directory, stale_temporaries
 from accel.errors import AcceleratorValueError
 
 __all__ = ["atomic_save"]
 
-#: Part of every temporary file's name: ``.<name>.<host>.<pid>.<random>.accel-tmp``
-#: (the random part keeps two saves to one path, from two threads, apart).
-TEMPORARY_MARK: Final = ".accel-tmp"
+# A temporary file is named ``.<name>.<host>.<pid>.<random>.accel-tmp`` (the random
+# part keeps two saves to one path, from two threads, apart).
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -210,25 +208,7 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
 
 
-# ``<host>.<pid>`` and, since saves from several threads, ``.<random>`` after them.
-_OWNER: Final = re.compile(r"(?P<host>.+)\.(?P<pid>\d+)(?:\.[0-9a-f]{8})?")
-
-
 def _remove_stale_temporaries(target: Path) -> None:
-    """Remove the temporaries of saves to ``target`` whose process, on this host, is gone."""
-    prefix = f".{target.name}."
-    host = socket.gethostname()
-    try:
-        entries = list(os.scandir(target.parent))
-    except OSError:
-        return  # the save itself reports what is wrong with the directory
-    for entry in entries:
-        name = entry.name
-        if not (name.startswith(prefix) and name.endswith(TEMPORARY_MARK)):
-            continue
-        owner = _OWNER.fullmatch(name[len(prefix) : -len(TEMPORARY_MARK)])
-        if owner is None:
-            continue  # not a name atomic_save gives
-        if owner["host"] == host and not process_alive(int(owner["pid"])):
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
+    for entry in stale_temporaries(target):
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)

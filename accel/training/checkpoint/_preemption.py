@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from accel.errors import AcceleratorRuntimeError
-from accel.training._async_save import wait_for_saves
+from accel.training.checkpoint._async_save import wait_for_saves
 
 if TYPE_CHECKING:
     import torch

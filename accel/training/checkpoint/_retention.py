@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from accel.errors import AcceleratorValueError
-from accel.training._async_save import pending_paths
+from accel.training.checkpoint._async_save import pending_paths
 
 __all__ = ["checkpoint_path", "latest_checkpoint", "list_checkpoints", "prune_checkpoints"]
 

@@ -27,9 +27,9 @@ from accel.errors import (
     AcceleratorTypeError,
     AcceleratorValueError,
 )
-from accel.training._restoring import Move, moved_for_restore
-from accel.training._storing import check_loadable, convert_stateful
-from accel.training.atomic import atomic_save
+from accel.training.checkpoint._atomic import atomic_save
+from accel.training.checkpoint._restoring import Move, moved_for_restore
+from accel.training.checkpoint._storing import check_loadable, convert_stateful
 from accel.training.nested import map_nested
 from accel.training.step import unwrap_compiled
 
@@ -108,7 +108,7 @@ def storable(obj: Any, module_state: Callable[[Any], dict[str, Any]]) -> Any:
 
 
 def save_on_main_process(obj: Any, path: str | os.PathLike[str]) -> None:
-    """:func:`~accel.training.atomic.atomic_save` on the main process of an initialised
+    """:func:`~accel.training.checkpoint._atomic.atomic_save` on the main process of an initialised
     :mod:`torch.distributed` group (or in a lone process); every rank returns once the
     file is complete, and raises if the main process could not write it."""
 
@@ -152,7 +152,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
             f"load: there is no checkpoint file at {name!r}"
             + (" (a directory)" if os.path.isdir(name) else "")
             + "; check the path, or find the newest one with "
-            "accel.training.retention.latest_checkpoint(directory)",
+            "accel.training.checkpoint._retention.latest_checkpoint(directory)",
             name,
         )
     try:
@@ -193,7 +193,7 @@ def restore_into(
 
     With ``move`` (the ``restore_to_device`` hook), the tensors ``load_state_dict``
     would copy to ``device`` unchanged are copied there first, in one call of ``move``
-    (:mod:`accel.training._restoring`).
+    (:mod:`accel.training.checkpoint._restoring`).
 
     :raises KeyError: a key of ``state`` is not in the file.
     :raises ValueError: the file holds no dict, or a module's keys or shapes differ, or
@@ -344,7 +344,7 @@ def _not_a_checkpoint(name: str, exc: BaseException) -> ValueError:
         f"load: {name!r} is not a checkpoint torch can read ({type(exc).__name__}: "
         f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}): a file cut short, or "
         f"not written by acc.save or torch.save. acc.save never leaves a torn file; load "
-        f"an older checkpoint (accel.training.retention.latest_checkpoint)"
+        f"an older checkpoint (accel.training.checkpoint._retention.latest_checkpoint)"
     )
 
 

@@ -1,9 +1,9 @@
 """Saves that do not stop the loop: the write of a checkpoint runs in a background
 thread, one at a time, and its failure is raised at the next save or wait.
 
-The loop waits for the snapshot alone (:mod:`accel.training._snapshot`): every tensor
+The loop waits for the snapshot alone (:mod:`accel.training.checkpoint._snapshot`): every tensor
 copied off the device, CPU tensors too. The write is then the same atomic, durable
-write as a synchronous save (:func:`~accel.training.atomic.atomic_save`), in a thread.
+write as a synchronous save (:func:`~accel.training.checkpoint._atomic.atomic_save`), in a thread.
 A thread is enough. ``torch.save`` pickles the state's small containers, holding the
 GIL briefly, and hands the tensors' bytes to the file in large chunks. The ``write``
 system calls and the ``fsync`` run with the GIL released (measured in
@@ -41,8 +41,8 @@ from torch import nn
 
 from accel._util.notes import add_note
 from accel.errors import AcceleratorOSError, AcceleratorTypeError
-from accel.training._snapshot import spare_of, take_snapshot
-from accel.training.atomic import atomic_save
+from accel.training.checkpoint._atomic import atomic_save
+from accel.training.checkpoint._snapshot import spare_of, take_snapshot
 from accel.training.step import unwrap_compiled
 
 __all__ = [
@@ -224,7 +224,7 @@ def save_in_background(
     :class:`one_save_at_a_time`.
 
     Alone, the write is ``plugin_save`` (a plugin's ``save`` hook, given the CPU
-    snapshot) or :func:`~accel.training.atomic.atomic_save`. In a distributed job rank
+    snapshot) or :func:`~accel.training.checkpoint._atomic.atomic_save`. In a distributed job rank
     0 writes with ``atomic_save`` and the other ranks take no snapshot: they wait for
     rank 0's word.
     """
@@ -245,7 +245,7 @@ def save_in_background(
 
 
 #: The storages of the last snapshot accel wrote itself, free once its write ended:
-#: the next snapshot copies into them (see accel.training._snapshot).
+#: the next snapshot copies into them (see accel.training.checkpoint._snapshot).
 _spare: list[Any] = []
 
 

@@ -47,7 +47,7 @@ _STORAGE_DEVICES: Final = frozenset({"cpu", "cuda"})
 def take_snapshot(
     stored: Any, spare: Spare | None = None
 ) -> tuple[Any, list[torch.UntypedStorage]]:
-    """``stored`` (what :func:`~accel.training.checkpoint.storable` returned) rebuilt
+    """``stored`` (what :func:`~accel.training.checkpoint._state.storable` returned) rebuilt
     with every tensor copied to CPU memory of its own, detached; sharing kept. Also
     the storages the copies live in, for the next snapshot's ``spare``.
 

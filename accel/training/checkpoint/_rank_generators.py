@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from accel._util.warn import warn_at_caller
 from accel.errors import RankGeneratorsWarning
-from accel.training.rng import RNG_KEYS
+from accel.training.checkpoint._rng import RNG_KEYS
 
 __all__ = ["RECORD_KEY", "gathered_generators", "own_generators", "record_placeholders"]
 

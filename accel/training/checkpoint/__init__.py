@@ -1,0 +1,45 @@
+"""Checkpoints and resume: one package for everything a run needs to survive the loss
+of its process.
+
+What is stored and restored (``_state``, ``_storing``, ``_restoring``), the atomic and
+durable write (``_atomic``), the asynchronous save beside the loop (``_async_save``,
+``_snapshot``), the random generators of every rank (``_rng``, ``_rank_generators``),
+preemption (``_preemption``) and keep-last-N retention (``_retention``). The handle's
+``save``, ``load``, ``rng_state``, ``set_rng_state``, ``preemption_guard`` and
+``wait_for_saves`` are built on them; the names here are the ones a training loop and a
+plugin author use directly.
+"""
+
+from __future__ import annotations
+
+from accel.training.checkpoint._async_save import PendingSave
+from accel.training.checkpoint._atomic import atomic_save
+from accel.training.checkpoint._preemption import PreemptionGuard
+from accel.training.checkpoint._retention import (
+    checkpoint_path,
+    latest_checkpoint,
+    list_checkpoints,
+    prune_checkpoints,
+)
+from accel.training.checkpoint._rng import device_generators_of
+from accel.training.checkpoint._state import (
+    cpu_state_dict,
+    is_main_process,
+    load_checkpoint,
+    save_on_main_process,
+)
+
+__all__ = [
+    "PendingSave",
+    "PreemptionGuard",
+    "atomic_save",
+    "checkpoint_path",
+    "cpu_state_dict",
+    "device_generators_of",
+    "is_main_process",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "save_on_main_process",
+]
