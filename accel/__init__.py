@@ -18,8 +18,15 @@ from typing import TYPE_CHECKING
 from accel._util.lazy import lazy_names
 from accel.errors import (
     AcceleratorError,
+    AcceleratorFileExistsError,
+    AcceleratorFileNotFoundError,
+    AcceleratorKeyError,
     AcceleratorNotFoundError,
+    AcceleratorOSError,
+    AcceleratorRuntimeError,
+    AcceleratorTypeError,
     AcceleratorUnavailableError,
+    AcceleratorValueError,
     PluginError,
     PluginWarning,
     TyingWarning,
@@ -45,11 +52,18 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "Accelerator",
     "AcceleratorError",
+    "AcceleratorFileExistsError",
+    "AcceleratorFileNotFoundError",
     "AcceleratorInfo",
+    "AcceleratorKeyError",
     "AcceleratorNotFoundError",
+    "AcceleratorOSError",
     "AcceleratorRegistry",
+    "AcceleratorRuntimeError",
     "AcceleratorSpec",
+    "AcceleratorTypeError",
     "AcceleratorUnavailableError",
+    "AcceleratorValueError",
     "Availability",
     "MemoryStats",
     "MoveContext",
@@ -105,12 +119,19 @@ def default_registry() -> AcceleratorRegistry:
     return _default_registry
 
 
-def get_accelerator(name: str | None = None, *, tie_check: TieCheck = "error") -> Accelerator:
+def get_accelerator(
+    name: str | Accelerator | None = None, *, tie_check: TieCheck = "error"
+) -> Accelerator:
     """Select an accelerator from the default registry.
 
     See :meth:`AcceleratorRegistry.get_accelerator`: ``name`` may be a name, an
-    alias, ``"name:index"`` or ``"auto"``; ``None`` reads ``$ACCEL_ACCELERATOR``.
+    alias, ``"name:index"`` or ``"auto"``; ``None`` reads ``$ACCEL_ACCELERATOR``. A
+    handle (from any registry) is returned as it is.
     """
+    from accel.accelerator import Accelerator  # torch-free until a handle is asked for
+
+    if isinstance(name, Accelerator):
+        return name
     return default_registry().get_accelerator(name, tie_check=tie_check)
 
 

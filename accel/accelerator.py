@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, TypeVar, final
+from functools import partial
+from typing import Any, Literal, TypeVar, final, overload
 
 import torch
 from torch import nn
@@ -13,6 +14,16 @@ from torch import nn
 from accel._core.hooks import AcceleratorHooks
 from accel._core.moving import move_model
 from accel._util.notes import add_note
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
+from accel.training._async_save import (
+    PendingSave,
+    check_asynchronous,
+    device_state_dict,
+    one_save_at_a_time,
+    save_in_background,
+    wait_for_saves,
+)
+from accel.training._rank_generators import gathered_generators, own_generators
 from accel.training.batch import BatchMover
 from accel.training.checkpoint import checked_path, checked_state, restore_into, storable
 from accel.training.device_loader import DeviceLoader
@@ -107,7 +118,9 @@ class Accelerator:
         :raises accel.AcceleratorUnavailableError: ``index`` is beyond :meth:`device_count`.
         """
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise ValueError(f"for_index expects a device index (an int >= 0), got {index!r}")
+            raise AcceleratorValueError(
+                f"for_index expects a device index (an int >= 0), got {index!r}"
+            )
         device = self._hooks.device(index, requested=f"{self.name}:{index}")
         return Accelerator(
             self._hooks, self.spec, index=index, device=device, tie_check=self._tie_check
@@ -220,7 +233,9 @@ class Accelerator:
         DDP's ``no_sync()``; FSDP2's ``set_requires_gradient_sync(False)`` (set back to
         ``True`` on exit); on XLA, where gradients are reduced only in
         :meth:`clip_grad_norm_` and :meth:`optimizer_step`, and for a plain model,
-        nothing to skip.
+        nothing to skip. Pass a DDP wrapper itself, not its ``.module``: that one's
+        ``backward()`` all-reduces all the same, and accel warns
+        (:class:`~accel.errors.GradientSyncWarning`) when a DDP forward runs it here.
 
         :raises TypeError: ``model`` is not a module, or ``enabled`` not a bool.
         """
@@ -260,7 +275,7 @@ class Accelerator:
         :raises TypeError: ``model`` is neither a module nor a callable.
         """
         if not callable(model):
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"compile expects a torch.nn.Module or a function, got {type(model).__name__}"
             )
         backend = options.pop("backend", None)
@@ -305,7 +320,9 @@ class Accelerator:
         """
         chosen = requested_dtype(dtype)
         if not isinstance(enabled, bool):
-            raise TypeError(f"autocast(enabled=...) expects a bool, got {type(enabled).__name__}")
+            raise AcceleratorTypeError(
+                f"autocast(enabled=...) expects a bool, got {type(enabled).__name__}"
+            )
         if not enabled or chosen is torch.float32:
             return full_precision(self.device)
         return self._hooks.autocast(self.device, chosen)
@@ -329,7 +346,10 @@ class Accelerator:
         :raises TypeError: ``loader`` is not iterable.
         """
         checked_loader(loader)
-        move = self.batch_to_device if self._hooks.moves_batches else BatchMover(self.device)
+        # No plugin moves batches: the loader gets accel's own mover, which a loader
+        # that moved a batch whole itself may skip.
+        plugin_moves = self._hooks.answered_by_plugin("batch_to_device")
+        move = self.batch_to_device if plugin_moves else BatchMover(self.device)
         batches = self._hooks.device_loader(loader, self.device, move)
         return DeviceLoader(loader, batches, f"{type(loader).__name__} -> {self.device}")
 
@@ -340,13 +360,25 @@ class Accelerator:
         compiled model (:meth:`compile`), the plain model's keys.
         """
         if not isinstance(model, nn.Module):
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"state_dict expects a torch.nn.Module, got {type(model).__name__}; use "
                 f"save() for other objects"
             )
         return self._hooks.state_dict(unwrap_compiled(model))
 
-    def save(self, obj: Any, path: str | os.PathLike[str]) -> None:
+    @overload
+    def save(
+        self, obj: Any, path: str | os.PathLike[str], *, asynchronous: Literal[False] = False
+    ) -> None: ...
+
+    @overload
+    def save(
+        self, obj: Any, path: str | os.PathLike[str], *, asynchronous: Literal[True]
+    ) -> PendingSave: ...
+
+    def save(
+        self, obj: Any, path: str | os.PathLike[str], *, asynchronous: bool = False
+    ) -> PendingSave | None:
         """Write ``obj`` to ``path`` atomically and durably, its tensors on the CPU
         (shared tensors stay shared); in a distributed job only the main process
         writes, and every process returns once the file is complete.
@@ -357,25 +389,65 @@ class Accelerator:
         ``path`` holds the previous file or the new one at any moment, never a torn
         one. Saving leaves every random generator as it was.
 
+        With ``asynchronous=True`` it returns once every tensor is copied off the
+        device (a snapshot, CPU tensors included: a change made after it returns
+        never reaches the file), and writes in a background thread; the pending save
+        it returns has ``wait()`` and ``done()``. One save is in flight at a time:
+        every save first waits for the pending one, and raises its failure.
+
         :raises TypeError: something in ``obj`` that :meth:`load` could not read back
             (``weights_only``), named by its key path; nothing is written.
         :raises OSError: the file could not be written; the message names ``path``,
-            and the previous file there is unchanged.
+            and the previous file there is unchanged. Also the failure of the
+            pending asynchronous save, not raised before.
         """
         checked_path("save", path)
-        if not self._hooks.marks_steps:
-            self._hooks.save(storable(obj, self.state_dict), path)
-            return
+        check_asynchronous("save", asynchronous)
+        if asynchronous:
+            return self._save_in_background(obj, path)
+        wait_for_saves()  # the pending save first: an older one never lands after this
+        if not self._hooks.answered_by_plugin("mark_step"):
+            self._hooks.save(gathered_generators(storable(obj, self.state_dict)), path)
+            return None
         # XLA: run what is pending so tensors cross as data. Each step mark (this one,
         # and state_dict's for every module) advances XLA's generator; put it back, so
         # that this save does not show in later draws.
         device_rng = self._hooks.rng_state(self.device)
         try:
-            stored = storable(obj, self.state_dict)
+            stored = gathered_generators(storable(obj, self.state_dict))
             self.mark_step()
             self._hooks.save(stored, path)
         finally:
             self._hooks.set_rng_state(device_rng, self.device)
+        return None
+
+    def _save_in_background(self, obj: Any, path: str | os.PathLike[str]) -> PendingSave:
+        # Without a plugin's state_dict the snapshot copies the model's own tensors
+        # once, rather than copying the CPU copies state_dict would make.
+        copies = self._hooks.answered_by_plugin("state_dict")
+        module_state = self.state_dict if copies else device_state_dict
+        plugin_save = self._hooks.save if self._hooks.answered_by_plugin("save") else None
+        with one_save_at_a_time():
+            if not self._hooks.answered_by_plugin("mark_step"):
+                stored = gathered_generators(storable(obj, module_state))
+                return save_in_background(stored, path, plugin_save)
+            device_rng = self._hooks.rng_state(self.device)  # as in save(): put it back
+            try:
+                stored = gathered_generators(storable(obj, module_state))
+                self.mark_step()
+                return save_in_background(stored, path, plugin_save)
+            finally:
+                self._hooks.set_rng_state(device_rng, self.device)
+
+    def wait_for_saves(self) -> None:
+        """Wait until the pending asynchronous save (of :meth:`save` or
+        :func:`accel.distributed.save_sharded`) is complete and durable.
+
+        :raises OSError: it failed, and its failure was not raised before (by its
+            ``wait()`` or the next save); the previous checkpoint at its path is
+            unchanged.
+        """
+        wait_for_saves()
 
     def load(self, path: str | os.PathLike[str], state: Any = None) -> Any:
         """Read a checkpoint :meth:`save` wrote, with ``weights_only=True``.
@@ -391,17 +463,20 @@ class Accelerator:
         groups and parameter-shaped state are all checked first.
 
         :raises FileNotFoundError: no file at ``path``.
-        :raises KeyError: a key of ``state`` with ``load_state_dict`` is not in the file.
+        :raises KeyError: a key of ``state`` is not in the file (plain values too).
         :raises ValueError: the file is not a checkpoint, or a module's parameters differ
             in name or shape, or an optimizer's parameter groups (named).
         :raises pickle.UnpicklingError: the file holds objects ``weights_only`` refuses.
         """
         checked_path("load", path)
         checked_state(state)
-        stored = self._hooks.load(path)
+        stored = own_generators(self._hooks.load(path))  # this rank's generators
         if state is None:
             return stored
-        remainder = restore_into(stored, state, os.fspath(path))
+        # XLA: one upload of every tensor bound for the device, not one each (without a
+        # restore_to_device hook, load_state_dict copies each into place).
+        move = partial(self._hooks.restore_to_device, device=self.device)
+        remainder = restore_into(stored, state, os.fspath(path), device=self.device, move=move)
         self.mark_step()  # XLA: the restored tensors become device data in one step
         return remainder
 
@@ -420,7 +495,7 @@ class Accelerator:
             device type.
         """
         if not isinstance(state, Mapping):
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"set_rng_state expects the dict acc.rng_state() returned, got "
                 f"{type(state).__name__}"
             )

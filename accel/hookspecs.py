@@ -53,6 +53,7 @@ __all__ = [
     "post_move_hook",
     "pre_move_hook",
     "register_accelerators",
+    "restore_to_device",
     "rng_state",
     "save",
     "set_rng_state",
@@ -239,6 +240,8 @@ def optimizer_step(
     their work *around* that step, as a wrapper: the TPU plugin reduces gradients
     across replicas before it (those :func:`clip_grad_norm_` reduced excepted) and
     marks the XLA step after it (inside a ``device_loader`` loop, at the next batch).
+    A ``closure`` computes the gradients inside the step: work on them belongs after
+    each call of it (the TPU plugin steps with a closure that reduces after yours).
     A plain implementation that returns ``None`` lets the fallback step; one that
     steps itself must return a value other than ``None`` (or the fallback steps a
     second time), so prefer a wrapper. Example::
@@ -488,7 +491,12 @@ def save(accelerator: str, obj: Any, path: str | os.PathLike[str]) -> bool | Non
     file is complete, and a failed write raises an ``OSError`` on every process.
     *First result*: the fallback
     (:func:`accel.training.checkpoint.save_on_main_process`) writes on rank 0 of an
-    initialised :mod:`torch.distributed` group, or always without one. Example::
+    initialised :mod:`torch.distributed` group, or always without one. An
+    asynchronous save (``acc.save(obj, path, asynchronous=True)``) in a process
+    without such a group calls this hook in a background thread, with ``obj`` a
+    snapshot whose tensors are all on the CPU: use no collective of the training
+    run there. In a distributed job accel writes an asynchronous save itself, on rank
+    0, with ``atomic_save``. Example::
 
         @accel.hookimpl
         def save(obj, path):
@@ -514,6 +522,31 @@ def load(accelerator: str, path: str | os.PathLike[str]) -> Any:
         def load(path):
             my_runtime.prefetch(path)
             return None  # then let the fallback read it
+    """
+    raise NotImplementedError
+
+
+@hookspec(firstresult=True)
+def restore_to_device(
+    accelerator: str, tensors: list[torch.Tensor], device: torch.device
+) -> list[torch.Tensor] | None:
+    """Copy the host tensors of a checkpoint being restored to ``device`` together;
+    return the device tensors, in the same order.
+
+    ``acc.load(path, state)`` asks it once, after every check passed, with each
+    distinct tensor that ``load_state_dict`` would copy to ``device`` unchanged (a
+    module's parameters and buffers of the same dtype, an optimizer's state but its
+    ``step``); the modules and optimizers then load the device tensors, so a
+    parameter's ``copy_`` is a copy on the device. Implement it where one transfer of
+    many tensors is much faster than one each, and where a parameter loaded from a
+    device tensor takes its place without a second copy: on XLA one upload for the
+    lot replaces a synchronous upload per tensor. *First result*: with no answer
+    (there is no fallback), ``load_state_dict`` copies each host tensor into place.
+    Example::
+
+        @accel.hookimpl
+        def restore_to_device(tensors, device):
+            return my_runtime.upload_all(tensors, device)
     """
     raise NotImplementedError
 

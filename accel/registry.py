@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple, final
 
@@ -24,6 +23,7 @@ from accel._registry.dispatch import Dispatcher
 from accel._registry.loading import EntryPointLoader
 from accel._registry.selection import Selector
 from accel._util.names import PLUGINS_ENV
+from accel._util.warn import warn_at_caller
 from accel.errors import PluginError, PluginWarning
 from accel.markers import PROJECT_NAME
 from accel.types import AcceleratorInfo, AcceleratorSpec, PluginFailure, TieCheck
@@ -111,12 +111,15 @@ class AcceleratorRegistry:
     # -- queries -------------------------------------------------------------------
 
     def get_accelerator(
-        self, name: str | None = None, *, tie_check: TieCheck = "error"
+        self, name: str | Accelerator | None = None, *, tie_check: TieCheck = "error"
     ) -> Accelerator:
         """Return a handle to the accelerator called ``name``.
 
         :param name: a name or alias, optionally with a device index (``"cuda:1"``),
-            or ``"auto"``. ``None`` means ``$ACCEL_ACCELERATOR``, else ``"auto"``.
+            or ``"auto"``. ``None`` means ``$ACCEL_ACCELERATOR``, else ``"auto"``. A
+            handle of this registry's is returned as it is (so every API that takes
+            "a handle or a name" with ``registry=`` follows one rule); a handle of
+            another registry is an :class:`AcceleratorValueError`.
             ``"auto"`` picks the available accelerator with the highest priority
             (ties broken by canonical name) that allows being picked automatically.
         :param tie_check: what a move does when the model's ties changed during it:
@@ -128,6 +131,19 @@ class AcceleratorRegistry:
         :raises PluginError: several installed plugins claim that name.
         """
         return self._loaded().selector.select(name, tie_check)
+
+    def distributed_backends(self, name: str) -> dict[str, str]:
+        """The :mod:`torch.distributed` backend of each accelerator ``name`` selects, by
+        canonical name: one, or several for an alias shared by several (the built-in
+        ``gpu``). Asked of their plugins without probing them or creating a handle, so
+        nothing is started (on XLA, a handle hands a device out).
+
+        :param name: a name or alias, optionally with a device index; not ``"auto"``.
+        :raises AcceleratorNotFoundError: no accelerator has that name.
+        :raises PluginError: several installed plugins claim that name.
+        :raises AcceleratorValueError: ``name`` is ``"auto"`` or malformed.
+        """
+        return self._loaded().selector.distributed_backends(name)
 
     def list_accelerators(self) -> list[AcceleratorInfo]:
         """Every registered accelerator, available or not, in ``"auto"`` order
@@ -223,7 +239,9 @@ class AcceleratorRegistry:
                 dispatcher.remove_plugin(holder, self._catalog.remove(holder))
         elif conflicts:
             if not entry_point:
-                raise _conflict_error(conflicts[0], specs, label, provider)
+                raise _conflict_error(
+                    conflicts[0], specs, label, provider, {c.name for c in conflicts}
+                )
             # A built-in always keeps its names: an installed plugin cannot take them,
             # and disputes nothing, so the built-in keeps working. A built-in's canonical
             # name keeps the plugin out; a built-in's alias is only taken from the plugin.
@@ -239,7 +257,17 @@ class AcceleratorRegistry:
             for conflict in canonical:
                 self._catalog.dispute(conflict.name, [conflict.holder.provider, provider])
             if canonical:
-                raise _conflict_error(canonical[0], specs, label, provider)
+                # Its aliases of a disputed name are disputed too: had it loaded first,
+                # they would select the disputed accelerator.
+                disputed = {c.name for c in canonical}
+                for spec in specs:
+                    if spec.name in disputed:
+                        for alias in spec.aliases:
+                            self._catalog.dispute_alias(alias, spec.name)
+                named = {c.name for c in conflicts} | {
+                    alias for spec in specs if spec.name in disputed for alias in spec.aliases
+                }
+                raise _conflict_error(canonical[0], specs, label, provider, named)
             disputed_aliases = conflicts
             dropped_aliases = builtin
         kept = _without_aliases(specs, {c.name for c in dropped_aliases})
@@ -291,27 +319,25 @@ def _warn_builtin_aliases(
         holders.setdefault(conflict.name, []).append(repr(conflict.holder.spec.name))
     for name, held_by in holders.items():
         claimant = next(s.name for s in specs if name in s.aliases)
-        warnings.warn(
+        warn_at_caller(
             f"accel plugin {label!r} from {provider} declares the alias {name!r} for "
             f"{claimant!r}, but the built-in {' and '.join(held_by)} has that alias; the "
             f"built-in keeps it, and {claimant!r} is registered without it (select it as "
             f"{claimant!r}). Ask the plugin's authors to drop the alias.",
             PluginWarning,
-            stacklevel=2,
         )
 
 
 def _warn_disputed_alias(
     conflict: Conflict, specs: list[AcceleratorSpec], label: str, provider: str
 ) -> None:
-    warnings.warn(
+    warn_at_caller(
         f"accel plugin {label!r} from {provider} declares the alias {conflict.name!r} for "
         f"{_claimant(conflict, specs)!r}, but {conflict.holder.spec.name!r} from "
         f"{conflict.holder.provider} has it too; the alias now selects neither (selecting "
         f"it raises PluginError naming both), while their own names still work. Uninstall "
         f"one of them, or load only one with {PLUGINS_ENV}=DISTRIBUTION.",
         PluginWarning,
-        stacklevel=2,
     )
 
 
@@ -320,7 +346,10 @@ def _conflict_error(
     specs: list[AcceleratorSpec],
     label: str,
     provider: str,
+    named: set[str],
 ) -> PluginError:
+    """:param named: every name of ``specs`` the conflict leaves disputed, for
+    ``conflicting_names`` (in the order the plugin declares them)."""
     holder = conflict.holder
     claimant = _claimant(conflict, specs)
     return PluginError(
@@ -328,5 +357,7 @@ def _conflict_error(
         f"{holder.provider} and by {claimant!r} from {provider} (plugin {label!r}). "
         f"Uninstall one of them, load only one with {PLUGINS_ENV}=..., or, registering in "
         f"code, pass override=True to replace the existing one on purpose.",
-        conflicting_names=(conflict.name,),
+        conflicting_names=tuple(
+            dict.fromkeys(key for s in specs for key in (s.name, *s.aliases) if key in named)
+        ),
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from accel._util.names import check_accelerator_name
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
 if TYPE_CHECKING:
     import torch
@@ -28,7 +29,7 @@ TIE_CHECK_MODES: tuple[TieCheck, ...] = ("error", "warn", "off")
 def checked_tie_check(value: object) -> TieCheck:
     """``value`` if it is a valid ``tie_check`` mode, else a :class:`ValueError`."""
     if value not in TIE_CHECK_MODES:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"tie_check must be one of {', '.join(map(repr, TIE_CHECK_MODES))}, got {value!r}"
         )
     return value
@@ -62,15 +63,19 @@ class AcceleratorSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", check_accelerator_name(self.name, "accelerator name"))
         if isinstance(self.aliases, str):
-            raise TypeError(f"aliases of {self.name!r} must be a tuple of str, not a str")
+            raise AcceleratorTypeError(
+                f"aliases of {self.name!r} must be a tuple of str, not a str"
+            )
         aliases = tuple(check_accelerator_name(alias, "alias") for alias in self.aliases)
         object.__setattr__(self, "aliases", tuple(a for a in aliases if a != self.name))
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            raise TypeError(f"priority of {self.name!r} must be an int, got {self.priority!r}")
+            raise AcceleratorTypeError(
+                f"priority of {self.name!r} must be an int, got {self.priority!r}"
+            )
         if not isinstance(self.description, str):
-            raise TypeError(f"description of {self.name!r} must be a str")
+            raise AcceleratorTypeError(f"description of {self.name!r} must be a str")
         if not isinstance(self.unties_weights, bool):
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"unties_weights of {self.name!r} must be a bool, got {self.unties_weights!r}"
             )
 
@@ -98,10 +103,12 @@ class Availability:
         for field_name in ("available", "auto"):
             value = getattr(self, field_name)
             if not isinstance(value, bool):
-                raise TypeError(f"Availability.{field_name} must be a bool, got {value!r}")
+                raise AcceleratorTypeError(
+                    f"Availability.{field_name} must be a bool, got {value!r}"
+                )
         for field_name in ("reason", "remedy"):
             if not isinstance(getattr(self, field_name), str):
-                raise TypeError(f"Availability.{field_name} must be a str")
+                raise AcceleratorTypeError(f"Availability.{field_name} must be a str")
 
 
 @dataclass(frozen=True)
@@ -152,8 +159,9 @@ class PluginFailure:
     provider: str
     #: The error, as one line.
     error: str
-    #: Names it tried to claim that another plugin already had; asking for one of
-    #: them raises :class:`PluginError` rather than silently picking a provider.
+    #: Names it tried to claim that are disputed now (another plugin had them, or
+    #: they are its aliases of such a name), in the order it declared them; asking
+    #: for one of them raises :class:`PluginError` rather than silently picking one.
     conflicting_names: tuple[str, ...] = ()
 
 

@@ -23,8 +23,8 @@ import torch
 from _harness import compare_per_call, environment_line, fmt_ratio, fmt_us, print_table, verdict
 
 import accel
+from accel._core.moving import _move_lock
 from accel._core.transaction import RestorePoint
-from accel.accelerator import _move_lock
 
 #: The lock may cost at most this much per move.
 LOCK_GOAL_S = 1e-6

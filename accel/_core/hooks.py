@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar, final
 
 import torch
 from torch import nn
@@ -20,22 +21,31 @@ from accel._core.blame import note_culprit
 from accel._util.names import describe_index_range
 from accel._util.notes import REPORT_TO_AUTHORS
 from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError, PluginError
+from accel.training._restoring import restored_tensors_problem
 from accel.training.memory import memory_stats_problem
-from accel.types import Availability, MoveContext
+from accel.tying._keeping import MOVED_BY_NOTE
+from accel.types import Availability, MemoryStats, MoveContext
 
 if TYPE_CHECKING:
     import os
 
     import pluggy
-    import torch
-
-    from accel.types import MemoryStats
 
 __all__ = ["FALLBACKS_NAME", "AcceleratorHooks", "no_longer_registered"]
 
 #: The plugin name of accel's fallbacks in every manager.
 FALLBACKS_NAME: Final = "accel.fallbacks"
 _T = TypeVar("_T")
+
+
+class _Listed(NamedTuple):
+    """A hook's implementations in pluggy's call order (last registered first,
+    ``tryfirst``/``trylast`` honoured); whether a wrapper is among them (then pluggy runs
+    the call); whether accel's fallback is the only one (then it is called directly)."""
+
+    call_order: tuple[pluggy.HookImpl, ...]
+    has_wrapper: bool
+    fallback_only: bool
 
 
 @final
@@ -49,8 +59,7 @@ class AcceleratorHooks:
         self.name = name
         self._manager = manager
         self._providers = providers  # plugin name -> provider, shared with the dispatcher
-        # hook name -> (its implementations in pluggy's call order, only accel's fallback?)
-        self._implementations: dict[str, tuple[list[pluggy.HookImpl], bool]] = {}
+        self._implementations: dict[str, _Listed] = {}
         self._alive = True
 
     # -- probing ------------------------------------------------------------------
@@ -116,6 +125,8 @@ class AcceleratorHooks:
         self, model: torch.nn.Module, device: torch.device, context: MoveContext
     ) -> torch.nn.Module:
         moved, who = self._first("model_to_device", model=model, device=device, context=context)
+        if who != FALLBACKS_NAME:  # a plugin moved it (None: one of them, pluggy ran it)
+            context.notes[MOVED_BY_NOTE] = self.describe(who, "model_to_device")
         if not isinstance(moved, nn.Module):
             raise self._bad(
                 "model_to_device", f"returned {type(moved).__name__}, not a torch.nn.Module", who
@@ -128,6 +139,9 @@ class AcceleratorHooks:
         self._each("post_move_hook", model=model, device=device, context=context)
 
     def batch_to_device(self, batch: Any, device: torch.device) -> Any:
+        listed = self._listed("batch_to_device")
+        if listed.fallback_only:  # every step of every loop: not even _first's frame
+            return listed.call_order[0].function(batch=batch, device=device)
         return self._first("batch_to_device", batch=batch, device=device)[0]
 
     # -- the training step --------------------------------------------------------
@@ -207,11 +221,7 @@ class AcceleratorHooks:
         return self._context("autocast", device=device, dtype=dtype)
 
     def memory_stats(self, device: torch.device) -> MemoryStats:
-        result, who = self._first("memory_stats", device=device)
-        problem = memory_stats_problem(result)
-        if problem is not None:
-            raise self._bad("memory_stats", problem, who)
-        return result  # type: ignore[no-any-return]
+        return self._vetted("memory_stats", memory_stats_problem, device=device)  # type: ignore[no-any-return]
 
     def device_loader(
         self, loader: Iterable[Any], device: torch.device, move: Callable[[Any], Any]
@@ -232,6 +242,10 @@ class AcceleratorHooks:
     def load(self, path: str | os.PathLike[str]) -> Any:
         return self._first("load", path=path)[0]
 
+    def restore_to_device(self, tensors: list[torch.Tensor], device: torch.device) -> Any:
+        problem = partial(restored_tensors_problem, tensors, device=device)
+        return self._vetted("restore_to_device", problem, tensors=tensors, device=device)
+
     def rng_state(self, device: torch.device) -> Any:
         return self._first("rng_state", device=device)[0]
 
@@ -240,18 +254,10 @@ class AcceleratorHooks:
 
     # -- what the handle's fast paths and messages need -----------------------------
 
-    @property
-    def marks_steps(self) -> bool:
-        """Whether a plugin implements ``mark_step``: the device runs a lazy graph (XLA)
-        that a save must cut first, so that tensors cross as data."""
-        return not self._listed("mark_step")[1]
-
-    @property
-    def moves_batches(self) -> bool:
-        """Whether a plugin implements ``batch_to_device``; if none does, a
-        ``device_loader`` hook gets accel's own mover as ``move`` (a ``BatchMover``), which
-        a loader that moved a batch whole itself may skip."""
-        return not self._listed("batch_to_device")[1]
+    def answered_by_plugin(self, hook_name: str) -> bool:
+        """Whether a plugin implements ``hook_name``, not accel's fallback alone (for
+        ``mark_step``: a lazy graph (XLA) that a save must cut first)."""
+        return not self._listed(hook_name).fallback_only
 
     def describe(self, plugin_name: str | None, hook_name: str) -> str:
         """Name the plugin that answered ``hook_name`` (``None``: not known, so every
@@ -281,7 +287,7 @@ class AcceleratorHooks:
         one place the handle's calls skip pluggy's machinery (a few µs a call, which
         adds up over a training loop's small steps).
         """
-        if self._listed(hook_name)[1]:  # accel's fallback alone
+        if self._listed(hook_name).fallback_only:
             return self._first(hook_name, **kwargs)[0]
         caller = self._caller(hook_name)
         try:
@@ -297,13 +303,13 @@ class AcceleratorHooks:
         and ``trylast`` honoured). With a wrapper among them pluggy runs the call, and
         who answered is not known (``None``).
         """
-        implementations, _ = self._listed(hook_name)
-        if any(impl.wrapper or impl.hookwrapper for impl in implementations):
+        listed = self._listed(hook_name)
+        if listed.has_wrapper:
             return self._each(hook_name, **kwargs), None
-        arguments = {"accelerator": self.name, **kwargs}
-        for impl in reversed(implementations):
+        kwargs["accelerator"] = self.name  # a dict of this call's own
+        for impl in listed.call_order:
             try:
-                result = impl.function(*(arguments[name] for name in impl.argnames))
+                result = impl.function(*[kwargs[name] for name in impl.argnames])
             except Exception as exc:
                 note_culprit(
                     exc, self._caller(hook_name), hook_name, self.provider_of, culprit=impl
@@ -329,17 +335,32 @@ class AcceleratorHooks:
             return result
         raise self._bad(hook_name, f"returned {_shown(result)}; expected {expected.__name__}", who)
 
-    def _bad(self, hook_name: str, problem: str, who: str | None) -> Exception:
-        return _bad_result_error(hook_name, self.name, problem, self.describe(who, hook_name))
+    def _vetted(self, hook_name: str, problem: Callable[[Any], str | None], **kwargs: Any) -> Any:
+        """A first-result hook's answer, unless ``problem`` finds it wrong (then raised)."""
+        result, who = self._first(hook_name, **kwargs)
+        if (found := problem(result)) is not None:
+            raise self._bad(hook_name, found, who)
+        return result
 
-    def _listed(self, hook_name: str) -> tuple[list[pluggy.HookImpl], bool]:
-        """The hook's implementations (pluggy's public ``get_hookimpls()``, cached until
-        a plugin is added or removed) and whether accel's fallback is the only one."""
+    def _bad(self, hook_name: str, problem: str, who: str | None) -> Exception:
+        """The :class:`~accel.PluginError` for a result accel cannot use (``problem``:
+        ``"returned list ([]), expected dict"``), naming the plugin that gave it."""
+        return PluginError(
+            f"hook {hook_name!r} for accelerator {self.name!r} {problem}, from "
+            f"{self.describe(who, hook_name)}. {REPORT_TO_AUTHORS}"
+        )
+
+    def _listed(self, hook_name: str) -> _Listed:
+        """What pluggy's public ``get_hookimpls()`` says of the hook, cached until a
+        plugin is added or removed (the dispatcher keeps the cache in step)."""
         listed = self._implementations.get(hook_name)
         if listed is None:
             implementations = self._caller(hook_name).get_hookimpls()
-            fallback_only = all(impl.plugin_name == FALLBACKS_NAME for impl in implementations)
-            listed = self._implementations[hook_name] = (implementations, fallback_only)
+            listed = self._implementations[hook_name] = _Listed(
+                call_order=tuple(reversed(implementations)),
+                has_wrapper=any(impl.wrapper or impl.hookwrapper for impl in implementations),
+                fallback_only=all(impl.plugin_name == FALLBACKS_NAME for impl in implementations),
+            )
         return listed
 
     def _caller(self, hook_name: str) -> Any:
@@ -374,16 +395,4 @@ def no_longer_registered(accelerator: str) -> AcceleratorNotFoundError:
         requested=accelerator,
         known=[],
         suggestion=None,
-    )
-
-
-def _bad_result_error(hook_name: str, accelerator: str, problem: str, who: str) -> Exception:
-    """The :class:`~accel.PluginError` for a hook result accel cannot use.
-
-    :param problem: what is wrong, e.g. ``"returned list ([]), expected dict"``.
-    :param who: the answering plugin, as :meth:`AcceleratorHooks.describe` names it.
-    """
-    return PluginError(
-        f"hook {hook_name!r} for accelerator {accelerator!r} {problem}, from {who}. "
-        f"{REPORT_TO_AUTHORS}"
     )

@@ -16,6 +16,7 @@ from accel._core.hooks import AcceleratorHooks
 from accel._core.optimizers import check_optimizers_hold
 from accel._core.transaction import RestorePoint
 from accel._util.notes import add_note
+from accel.errors import AcceleratorTypeError
 from accel.training.step import follow_moved_parameters
 from accel.tying._keeping import begin_kept_move, finish_kept_move
 from accel.types import AcceleratorSpec, MoveContext, TieCheck
@@ -40,7 +41,7 @@ def move_model(
         with lock:  # forked processes share the wrapped model's pages: one at a time
             return move_model(hooks, spec, device, tie_check, module, optimizer)  # type: ignore[return-value]
     if not isinstance(model, nn.Module):
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"model_to_device expects a torch.nn.Module, got {type(model).__name__}; "
             f"use batch_to_device for tensors and containers of tensors"
         )
@@ -72,7 +73,7 @@ def _move(
         moved = hooks.model_to_device(model, device, context)
         restore_point.mark_moved()
         if keeps_ties:  # before every post_move_hook: each sees it re-tied
-            finish_kept_move(moved, device, context, stacklevel=_USER_FRAME)
+            finish_kept_move(moved, device, context)
         hooks.post_move_hook(moved, device, context)
         if optimizers:
             follow_moved_parameters(optimizers, restore_point.moved_parameters(), device)
@@ -80,11 +81,6 @@ def _move(
         add_note(exc, _restored_note(device, restore_point.restore()))
         raise
     return moved  # type: ignore[return-value]
-
-
-# finish_kept_move's warnings point at the user's call of model_to_device: frames of
-# finish_kept_move's caller (_move), move_model, Accelerator.model_to_device, the user.
-_USER_FRAME = 5
 
 
 #: What a restore puts back, for the note on a failed move.
@@ -159,7 +155,7 @@ def _mp_model_wrapper_parts(obj: object) -> tuple[nn.Module, Any] | None:
         return None
     module, lock = getattr(obj, "_model", None), getattr(obj, "_lock", None)
     if module is None or lock is None:
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"model_to_device got a torch_xla MpModelWrapper without the _model/_lock "
             f"attributes accel knows ({cls.__module__}); move its model yourself with "
             f"model_to_device(wrapper._model) or pass the model unwrapped"
@@ -176,9 +172,11 @@ def _as_optimizer_list(
         return [optimizer]
     expected = "optimizer= must be a torch.optim.Optimizer, an iterable of them, or None"
     if isinstance(optimizer, (torch.nn.Module, str, bytes)) or not isinstance(optimizer, Iterable):
-        raise TypeError(f"{expected}; got {type(optimizer).__name__}")
+        raise AcceleratorTypeError(f"{expected}; got {type(optimizer).__name__}")
     optimizers = list(optimizer)
     for item in optimizers:
         if not isinstance(item, torch.optim.Optimizer):
-            raise TypeError(f"{expected}; got an iterable containing {type(item).__name__}")
+            raise AcceleratorTypeError(
+                f"{expected}; got an iterable containing {type(item).__name__}"
+            )
     return optimizers

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from accel.errors import AcceleratorValueError
+
 if TYPE_CHECKING:
     import torch
 
@@ -34,7 +36,7 @@ def check_optimizers_hold(
         f"{_which(position, optimizer, len(optimizers))} holds {_holding(params)}"
         for position, (optimizer, params) in enumerate(zip(optimizers, held, strict=True))
     ]
-    raise ValueError(
+    raise AcceleratorValueError(
         f"optimizer= holds none of the parameters of the model being moved "
         f"({type(model).__name__}, {len(parameter_ids)} parameters): {'; '.join(described)}. "
         f"It was probably built on parameters that an earlier move replaced: build it on "

@@ -49,19 +49,29 @@ class _VersionWatch:
     Plain lists, not an object per tensor: it runs on every move. A swap (torch's
     swap mode, and always for wrapper subclasses) gives the tensor object another
     implementation with a counter of its own, so for those the original counter is
-    read through a ``detach()`` taken before the move, which shares it. After an
+    read through a ``detach()`` taken before the move, which shares it: every
+    Parameter's and gradient's (the restore point takes one anyway), since a plugin
+    may turn swap mode on inside its own hook, and other tensors' where swap mode is
+    on when the move begins or the tensor is a wrapper subclass. After an
     in-place move (``param.data = moved``, CPU <-> CUDA) the counter is shared with
     the moved data too, so edits after the move are told apart by :meth:`mark_moved`.
     """
 
     __slots__ = ("_aliases", "_moved", "_pointers", "_tensors", "_versions", "_versions_at_move")
 
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
+    def __init__(
+        self, tensors: list[torch.Tensor], aliases: list[torch.Tensor | None] | None = None
+    ) -> None:
+        """:param aliases: a ``detach()`` of each tensor taken already (sharing its
+        counter), or ``None`` where there is none; the others get one as needed."""
         swapping = torch.__future__.get_swap_module_params_on_conversion()
         plain = _plain_types()
         self._tensors = tensors
         # A plain tensor is its own alias: its counter stays its own across moves.
-        self._aliases = [t.detach() if swapping or type(t) not in plain else t for t in tensors]
+        self._aliases = [
+            alias if alias is not None else (t.detach() if swapping or type(t) not in plain else t)
+            for t, alias in zip(tensors, aliases or [None] * len(tensors), strict=True)
+        ]
         self._versions = [alias._version for alias in self._aliases]
         self._pointers = [_pointer(t, plain) for t in tensors]
         self._moved: list[bool] | None = None
@@ -71,8 +81,12 @@ class _VersionWatch:
         """Note which tensors the move gave other storage, and their counters then."""
 
         plain = _plain_types()
+        # A data pointer tells (cheaply) where there is one; XLA, meta and wrapper
+        # tensors have none (0), and their alias tells.
         self._moved = [
-            _pointer(t, plain) != pointer if alias is t else not torch._C._is_alias_of(t, alias)  # type: ignore[attr-defined]
+            _pointer(t, plain) != pointer
+            if pointer or alias is t
+            else not torch._C._is_alias_of(t, alias)  # type: ignore[attr-defined]
             for t, alias, pointer in zip(self._tensors, self._aliases, self._pointers, strict=True)
         ]
         self._versions_at_move = [alias._version for alias in self._aliases]
@@ -128,21 +142,29 @@ class RestorePoint:
                 grad = parameter.grad  # read once: a property, not free on a Parameter
                 states[id(parameter)] = _ParameterState(
                     parameter,  # type: ignore[arg-type]
-                    # .data is a new alias of the same storage: a reference, not a copy.
-                    parameter.data,
+                    # A new alias of the same storage (a reference, not a copy) sharing
+                    # the version counter: a move that swaps the Parameter's contents
+                    # (torch's swap mode, even turned on inside a hook) leaves it the
+                    # original's, so the watch reads edits of the values put back.
+                    parameter.detach(),
                     parameter.requires_grad,
                     grad,
-                    None if grad is None else grad.data,
+                    None if grad is None else grad.detach(),
                 )
             for buffer in module_buffers.values():
                 if buffer is not None:
                     buffers[id(buffer)] = buffer
         self._parameters = list(states.values())
-        watched: list[torch.Tensor] = [state.parameter for state in self._parameters]
-        watched += [state.grad for state in self._parameters if state.grad is not None]
-        watched += [buffer for key, buffer in buffers.items() if key not in states]
+        watched: list[tuple[torch.Tensor, torch.Tensor | None]] = [
+            (state.parameter, state.data) for state in self._parameters
+        ]
+        watched += [
+            (state.grad, state.grad_data) for state in self._parameters if state.grad is not None
+        ]
+        watched += [(buffer, None) for key, buffer in buffers.items() if key not in states]
         # Inference tensors have no version counter (nor can they change outside it).
-        self._watches = _VersionWatch([t for t in watched if not t.is_inference()])
+        kept = [(t, alias) for t, alias in watched if not t.is_inference()]
+        self._watches = _VersionWatch([t for t, _ in kept], [alias for _, alias in kept])
 
     def parameter_ids(self) -> set[int]:
         """``id`` of every distinct Parameter of the model when it was captured."""
@@ -250,7 +272,6 @@ def _as_plain_tensor(data: torch.Tensor) -> torch.Tensor:
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-
     # data_ptr() alone is not enough: it is 0 for every XLA and meta tensor.
     return (
         a.device == b.device

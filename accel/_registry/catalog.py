@@ -53,7 +53,7 @@ class Catalog:
     every claimant, whatever order they were installed in.
     """
 
-    __slots__ = ("_claims", "_disputes", "_registrations")
+    __slots__ = ("_alias_disputes", "_claims", "_disputes", "_registrations")
 
     def __init__(self) -> None:
         self._registrations: dict[str, Registration] = {}
@@ -61,6 +61,9 @@ class Catalog:
         self._claims: dict[str, list[str]] = {}
         # Disputed name -> every provider that claims it, sorted.
         self._disputes: dict[str, tuple[str, ...]] = {}
+        # Alias a plugin kept out by a dispute declared -> the disputed name it is an
+        # alias of: disputed too, as it is when that plugin happens to load first.
+        self._alias_disputes: dict[str, str] = {}
 
     def conflicts(self, specs: list[AcceleratorSpec], provider: str) -> list[Conflict]:
         """What ``specs`` from ``provider`` would take from the plugins already here."""
@@ -100,9 +103,24 @@ class Catalog:
         """Mark ``name`` as claimed by several ``providers``: it selects nothing."""
         self._disputes[name] = tuple(sorted({*self._disputes.get(name, ()), *providers}))
 
+    def dispute_alias(self, alias: str, name: str) -> None:
+        """Mark ``alias`` of the disputed ``name`` (declared by a plugin kept out of the
+        registry by that dispute) as disputed with it."""
+        if alias != name:
+            self._alias_disputes.setdefault(alias, name)
+
     def disputed_by(self, name: str) -> tuple[str, ...]:
         """The providers disputing ``name``; empty when it is not disputed."""
         return self._disputes.get(name, ())
+
+    def disputed_names(self, key: str) -> list[str]:
+        """The disputed names ``key`` (a name or alias) would select: itself, the
+        accelerators it selects, or the name it is a kept-out plugin's alias of."""
+        found = [key] if key in self._disputes else []
+        found += [name for name in self._claims.get(key, []) if name in self._disputes]
+        if key in self._alias_disputes:
+            found.append(self._alias_disputes[key])
+        return found
 
     def dispute_error(self, name: str, requested: str, source: str = "") -> PluginError:
         providers = self._disputes[name]

@@ -35,6 +35,10 @@ class Dispatcher:
         self._hooks: dict[str, AcceleratorHooks] = {}
         self.add_plugin(fallbacks, FALLBACKS_NAME, "built-in", accelerators=[])
 
+    def owns(self, hooks: AcceleratorHooks) -> bool:
+        """Whether ``hooks`` are one of this registry's accelerators' (still registered)."""
+        return any(mine is hooks for mine in self._hooks.values())
+
     def validator(self) -> pluggy.PluginManager:
         """The manager that parses hook implementations (holds every plugin)."""
         return self._validator

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import warnings
 from collections.abc import Callable, Iterable
 from importlib.metadata import EntryPoint
 from typing import Final
@@ -24,6 +23,7 @@ from accel._util.names import (
     PLUGINS_ENV,
     normalize_distribution_name,
 )
+from accel._util.warn import warn_at_caller
 from accel.errors import PluginError, PluginWarning
 from accel.types import PluginFailure
 
@@ -63,13 +63,12 @@ class EntryPointLoader:
             return None
         allowed = _normalised_set(raw.split(","))
         if not allowed:
-            warnings.warn(
+            warn_at_caller(
                 f"{PLUGINS_ENV}={raw!r} holds only separators, so it allows no plugin and "
                 f"no third-party plugin loads (the built-ins still do). Name the plugins "
                 f"to load ({PLUGINS_ENV}=accel-vendorx), unset it to load every plugin, or "
                 f"set {DISABLE_AUTOLOAD_ENV}=1 to say you want none.",
                 PluginWarning,
-                stacklevel=4,
             )
         return allowed
 
@@ -132,11 +131,10 @@ def _failure(name: str, provider: str, exc: BaseException) -> PluginFailure:
     message = str(exc).splitlines()[0] if str(exc) else ""
     error = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     conflicting = exc.conflicting_names if isinstance(exc, PluginError) else ()
-    warnings.warn(
+    warn_at_caller(
         f"accel plugin {name!r} from {provider} failed to load and was skipped ({error}); "
         f"the other accelerators still work. Fix or uninstall it, or {_SKIP_HINT}.",
         PluginWarning,
-        stacklevel=5,
     )
     return PluginFailure(name, provider, error, tuple(conflicting))
 
@@ -148,12 +146,11 @@ def _warn_unmatched(allowed: set[str], found: list[EntryPoint]) -> None:
     if not unmatched:
         return
     there = ", ".join(sorted({f"{ep.name} (from {_provider(ep)[1]})" for ep in found}))
-    warnings.warn(
+    warn_at_caller(
         f"{PLUGINS_ENV} names {', '.join(map(repr, unmatched))}, but no installed accel plugin "
         f"has that entry-point or distribution name; installed: {there or 'none'}. Check "
         f"the spelling, or install the plugin's distribution.",
         PluginWarning,
-        stacklevel=5,
     )
 
 
@@ -174,11 +171,10 @@ def _env_flag(name: str, *, false_means: str) -> bool:
     if value in _TRUE_VALUES:
         return True
     if value not in _FALSE_VALUES:
-        warnings.warn(
+        warn_at_caller(
             f"${name}={raw!r} is not a value accel recognises, so it is read as "
             f"false: {false_means}. Set it to one of {', '.join(_TRUE_VALUES)} for true, "
             f"or to one of {', '.join(repr(v) for v in _FALSE_VALUES)} for false.",
             PluginWarning,
-            stacklevel=3,
         )
     return False

@@ -28,7 +28,11 @@ from accel._util.names import (
     parse_accelerator_name,
 )
 from accel.accelerator import Accelerator
-from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError
+from accel.errors import (
+    AcceleratorNotFoundError,
+    AcceleratorUnavailableError,
+    AcceleratorValueError,
+)
 from accel.types import AcceleratorInfo, Availability, PluginFailure, TieCheck, checked_tie_check
 
 __all__ = ["Selector"]
@@ -52,7 +56,7 @@ class Selector:
     """Selection over one registry's catalog, dispatcher and load failures (it owns
     none of them: the registry does, and changes them under ``lock``)."""
 
-    __slots__ = ("_catalog", "_dispatcher", "_failures", "_lock")
+    __slots__ = ("_catalog", "_device_failures", "_dispatcher", "_failures", "_lock")
 
     def __init__(
         self,
@@ -65,20 +69,25 @@ class Selector:
         self._dispatcher = dispatcher
         self._failures = failures
         self._lock = lock
+        # Canonical name -> why "auto" last found its get_device unusable: listed as
+        # the reason (listing never asks get_device, which on XLA hands a device out).
+        self._device_failures: dict[str, str] = {}
 
-    def select(self, name: str | None, tie_check: TieCheck) -> Accelerator:
+    def select(self, name: str | Accelerator | None, tie_check: TieCheck) -> Accelerator:
         """The handle for ``name`` (see :meth:`accel.AcceleratorRegistry.get_accelerator`)."""
         checked_tie_check(tie_check)
+        if isinstance(name, Accelerator):
+            return self._own(name)
         name, source = name_from_environment(name)
         try:
             base, index = parse_accelerator_name(name)
         except ValueError as exc:
             if source:
-                raise ValueError(f"{exc} (read from ${ACCELERATOR_ENV})") from None
+                raise AcceleratorValueError(f"{exc} (read from ${ACCELERATOR_ENV})") from None
             raise
         if base == AUTO:
             if index is not None:
-                raise ValueError(
+                raise AcceleratorValueError(
                     f"'auto' takes no device index (got {name!r}{source}); ask for a named "
                     f"accelerator such as 'cuda:{index}' instead"
                 )
@@ -87,6 +96,17 @@ class Selector:
         device = entry.hooks.device(index, requested=name, source=source)
         return Accelerator(
             entry.hooks, entry.registration.spec, index=index, device=device, tie_check=tie_check
+        )
+
+    def _own(self, handle: Accelerator) -> Accelerator:
+        """``handle`` itself, if it is one of this registry's; the one rule every
+        "a handle or a name" argument in accel follows."""
+        if self._dispatcher.owns(handle._hooks):
+            return handle
+        raise AcceleratorValueError(
+            f"the accelerator handle {handle!r} belongs to another registry than the one "
+            f"asked (registry=): pass the handle without a registry, or its name "
+            f"({handle.name!r}) to this registry"
         )
 
     # -- snapshots: read under the lock, probed outside it ----------------------------
@@ -111,12 +131,37 @@ class Selector:
 
     # -- by name ----------------------------------------------------------------------
 
+    def distributed_backends(self, name: str) -> dict[str, str]:
+        """The backend of each accelerator ``name`` selects (see
+        :meth:`accel.AcceleratorRegistry.distributed_backends`): declarations only, no
+        probe and no device."""
+        base, _index = parse_accelerator_name(name)
+        if base == AUTO:
+            raise AcceleratorValueError(
+                "'auto' is decided by probing the machine, so it has no backend before it "
+                "is selected; ask for an accelerator by name, or select 'auto' with "
+                "get_accelerator() and read its distributed_backend"
+            )
+        entries = self._named(base, name, "")
+        return {e.registration.spec.name: e.hooks.distributed_backend() for e in entries}
+
     def _resolve(self, base: str, requested: str, source: str) -> _Entry:
+        entries = self._named(base, requested, source)
+        # A shared alias ("gpu"): the best available of its accelerators.
+        entries.sort(key=lambda e: (-e.registration.spec.priority, e.registration.spec.name))
+        probed = [(entry, _probe(entry)) for entry in entries]
+        for entry, availability in probed:
+            if availability.available:
+                return entry
+        self._raise_unavailable(requested, source, probed)
+
+    def _named(self, base: str, requested: str, source: str) -> list[_Entry]:
+        """The accelerators ``base`` (a name or alias) selects, unprobed; an unknown or
+        disputed name raises."""
         with self._lock:
             candidates = self._catalog.candidates(base)
             # A name is disputed, and so is every alias of a disputed name.
-            disputed = [base] if self._catalog.disputed_by(base) else []
-            disputed += [r.spec.name for r in candidates if self._catalog.disputed_by(r.spec.name)]
+            disputed = self._catalog.disputed_names(base)
             if disputed:
                 raise self._catalog.dispute_error(disputed[0], requested, source)
             entries = [e for e in map(self._entry, candidates) if e is not None]
@@ -137,27 +182,21 @@ class Selector:
                 known=known,
                 suggestion=suggestion,
             )
-        # A shared alias ("gpu"): the best available of its accelerators.
-        entries.sort(key=lambda e: (-e.registration.spec.priority, e.registration.spec.name))
-        probed = [(entry, _probe(entry)) for entry in entries]
-        for entry, availability in probed:
-            if availability.available:
-                return entry
-        self._raise_unavailable(requested, source, probed)
+        return entries
 
     def _raise_unavailable(
         self, requested: str, source: str, probed: list[tuple[_Entry, Availability]]
     ) -> NoReturn:
         (first, availability), *others = probed
         canonical = first.registration.spec.name
-        remedy = f" To use it: {availability.remedy}." if availability.remedy else ""
+        remedy = f" To use it: {_sentence(availability.remedy)}." if availability.remedy else ""
         alternatives = "".join(
-            f" {other.registration.spec.name!r} is not available either: {why.reason}."
+            f" {other.registration.spec.name!r} is not available either: {_sentence(why.reason)}."
             for other, why in others
         )
         raise AcceleratorUnavailableError(
             f"accelerator {canonical!r} (asked for as {requested!r}{source}) is not available: "
-            f"{availability.reason or 'its plugin says so'}.{remedy}{alternatives} "
+            f"{_sentence(availability.reason or 'its plugin says so')}.{remedy}{alternatives} "
             f"Run `accel list` to see what this machine offers.",
             accelerator=canonical,
             reason=availability.reason,
@@ -173,12 +212,18 @@ class Selector:
             for entry in self._ranked():
                 if entry.disputed or not _auto_may_pick(entry.hooks):
                     continue
+                name = entry.registration.spec.name
                 try:
                     device = entry.hooks.device(None, requested=AUTO, source=source)
                 except AcceleratorNotFoundError:
                     if self._still_registered(entry):
                         raise
                     break  # it left while being selected: rank again without it
+                except Exception as exc:
+                    # As with a device_count that raises: passed over, the reason listed.
+                    self._device_failures[name] = _device_failed(exc)
+                    continue
+                self._device_failures.pop(name, None)
                 return Accelerator(
                     entry.hooks,
                     entry.registration.spec,
@@ -245,12 +290,17 @@ class Selector:
         # An available accelerator keeps its reason only when it explains why "auto"
         # passes it over (TPU on XLA:CPU).
         reason = "" if availability.available and availability.auto else availability.reason
+        remedy = availability.remedy if not availability.available else ""
         if availability.available:
             try:
                 count = hooks.device_count()
             except Exception as exc:
                 count_failed = True
                 reason = _count_failed(exc)
+            device_failure = self._device_failures.get(spec.name)
+            if device_failure is not None and not count_failed:
+                count_failed, reason = True, device_failure
+                remedy = f"fix the plugin, or report this to its authors ({registration.provider})"
         return AcceleratorInfo(
             name=spec.name,
             aliases=spec.aliases,
@@ -260,7 +310,7 @@ class Selector:
             provider=registration.provider,
             description=spec.description,
             reason=reason,
-            remedy=availability.remedy if not availability.available else "",
+            remedy=remedy,
             auto=availability.auto,
         )
 
@@ -283,5 +333,15 @@ def _auto_may_pick(hooks: AcceleratorHooks) -> bool:
     return True
 
 
+def _sentence(text: str) -> str:
+    """``text`` without its closing period: the message adds one (a reason that is a
+    whole sentence, such as another error's message, would end in two)."""
+    return text.rstrip().removesuffix(".")
+
+
 def _count_failed(exc: Exception) -> str:
     return f"device_count failed: {type(exc).__name__}: {exc}"
+
+
+def _device_failed(exc: Exception) -> str:
+    return f"get_device failed: {type(exc).__name__}: {exc}"

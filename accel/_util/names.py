@@ -11,6 +11,8 @@ import unicodedata
 from collections.abc import Iterable
 from typing import Final
 
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
+
 __all__ = [
     "ACCELERATOR_ENV",
     "AUTO",
@@ -63,10 +65,10 @@ def normalize_distribution_name(name: str) -> str:
 def check_accelerator_name(value: object, what: str) -> str:
     """``value`` normalised, if it is a valid accelerator name or alias."""
     if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, got {type(value).__name__}: {value!r}")
+        raise AcceleratorTypeError(f"{what} must be a str, got {type(value).__name__}: {value!r}")
     name = normalize_name(value)
     if not _NAME_PATTERN.match(name):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"{what} {value!r} is not a valid accelerator name: use a letter followed by "
             "letters, digits, '_' or '-' (no ':', which separates the device index)"
         )
@@ -76,13 +78,13 @@ def check_accelerator_name(value: object, what: str) -> str:
 def parse_accelerator_name(name: object) -> tuple[str, int | None]:
     """Split ``"cuda:1"`` into ``("cuda", 1)``; normalise case and whitespace."""
     if not isinstance(name, str):
-        raise TypeError(
-            f"accelerator name must be a str such as 'cpu', 'cuda:1' or 'auto', "
-            f"got {type(name).__name__}: {name!r}"
+        raise AcceleratorTypeError(
+            f"accelerator must be a name (a str such as 'cpu', 'cuda:1' or 'auto') or an "
+            f"accel.Accelerator handle, got {type(name).__name__}: {name!r}"
         )
     text = name.strip().lower()
     if not normalize_name(text):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"accelerator name is empty ({name!r}): pass a name such as 'cpu', 'cuda' "
             f"or 'auto', or unset ${ACCELERATOR_ENV}"
         )
@@ -94,7 +96,7 @@ def parse_accelerator_name(name: object) -> tuple[str, int | None]:
     index_text = index_text.strip()
     # isascii(): str.isdigit() also accepts digits such as '²' that int() refuses.
     if not (index_text.isascii() and index_text.isdigit()):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"bad device index in accelerator name {name!r}: expected 'NAME:INDEX' with "
             f"a non-negative integer INDEX, like 'cuda:1'"
         )

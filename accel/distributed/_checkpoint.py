@@ -22,13 +22,14 @@ import shutil
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -37,7 +38,19 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from accel._util.files import fsync_directory, process_alive
+from accel.distributed._async_sharded import check_sharded_asynchronous, save_sharded_in_background
 from accel.distributed._spmd_checkpoint import is_spmd, spmd_entry, spmd_load, spmd_save_planner
+from accel.errors import (
+    AcceleratorFileExistsError,
+    AcceleratorFileNotFoundError,
+    AcceleratorTypeError,
+)
+from accel.training._async_save import PendingSave, wait_for_saves
+from accel.training._rank_generators import (
+    gathered_generators,
+    own_generators,
+    record_placeholders,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -47,7 +60,21 @@ __all__ = ["load_sharded", "save_sharded"]
 _PLAIN = "accel.plain"  # the entry under which the plain values travel, as one object
 
 
-def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+@overload
+def save_sharded(
+    state: Mapping[str, Any], path: str | os.PathLike[str], *, asynchronous: Literal[False] = False
+) -> None: ...
+
+
+@overload
+def save_sharded(
+    state: Mapping[str, Any], path: str | os.PathLike[str], *, asynchronous: Literal[True]
+) -> PendingSave: ...
+
+
+def save_sharded(
+    state: Mapping[str, Any], path: str | os.PathLike[str], *, asynchronous: bool = False
+) -> PendingSave | None:
     """Save ``state`` as a DCP checkpoint directory at ``path``, on every rank together.
 
     ``state`` holds one module (sharded or not), optimizers over its parameters, and
@@ -56,16 +83,26 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     checkpoint is complete at ``path``. Under XLA SPMD (:func:`init_spmd`) the one
     process writes every device's shards, through torch_xla's ``SPMDSavePlanner``.
 
+    With ``asynchronous=True`` it returns once DCP's ``async_save`` has copied the
+    state to the host, and the writes and the rename run in the background; the
+    :class:`~accel.training._async_save.PendingSave` it returns has ``wait()`` and
+    ``done()`` (on every rank). Like :meth:`Accelerator.save`, it first waits for the
+    pending save and raises its failure.
+
     :raises TypeError: ``state`` is not a dict, or holds no module or two.
     :raises FileExistsError: ``path`` exists already (sharded checkpoints are written
         once: name them by step with :func:`accel.training.retention.checkpoint_path`).
+    :raises ValueError: ``asynchronous=True`` under XLA SPMD.
     """
 
     target = Path(os.fspath(path))
     spmd = is_spmd()
+    check_sharded_asynchronous(asynchronous, spmd)
+    wait_for_saves()  # the pending save first (one in flight), and its failure
     _, app_state = _app_state(state, "save_sharded", spmd)
+    app_state[_PLAIN] = gathered_generators(app_state[_PLAIN])  # every rank's generators
     if target.exists():
-        raise FileExistsError(
+        raise AcceleratorFileExistsError(
             17,
             f"save_sharded: {str(target)!r} exists already; a sharded checkpoint is written "
             f"once, so save each one to a new path (checkpoint_path(directory, step))",
@@ -79,6 +116,8 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
     if dist.is_initialized():
         dist.broadcast_object_list(word, src=0)
     temporary = target.with_name(word[0])
+    if asynchronous:
+        return save_sharded_in_background(app_state, temporary, target)
     try:
         planner = spmd_save_planner() if spmd else None
         # Ends with every rank done.
@@ -94,6 +133,7 @@ def save_sharded(state: Mapping[str, Any], path: str | os.PathLike[str]) -> None
         raise
     if dist.is_initialized():
         dist.barrier()  # nobody reads the checkpoint before it has its name
+    return None
 
 
 def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict[str, Any]:
@@ -107,10 +147,9 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
 
     :raises FileNotFoundError: no checkpoint at ``path``.
     """
-
     target = Path(os.fspath(path))
     if not (target / ".metadata").is_file():
-        raise FileNotFoundError(
+        raise AcceleratorFileNotFoundError(
             2,
             f"load_sharded: there is no sharded checkpoint at {str(target)!r} (no "
             f".metadata); check the path, or find the newest with latest_checkpoint()",
@@ -119,6 +158,10 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
     spmd = is_spmd()
     model, app_state = _app_state(state, "load_sharded", spmd)
 
+    # Every rank's generators were saved as one record where several ranks saved.
+    saved = FileSystemReader(str(target)).read_metadata().state_dict_metadata
+    app_state[_PLAIN] = record_placeholders(app_state[_PLAIN], saved, _PLAIN)
+
     def read(into: dict[str, Any], planner: Any) -> None:
         state_dict_loader.load(into, checkpoint_id=str(target), planner=planner)
 
@@ -126,7 +169,7 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
         spmd_load(model, state, app_state, read)
     else:
         read(app_state, _weights_only_planner())
-    plain = dict(app_state[_PLAIN])
+    plain = dict(own_generators(app_state[_PLAIN]))  # this rank's generators
     for key, value in state.items():
         if spmd and (value is model or _is_optimizer(value)):
             continue  # loaded in place by spmd_load
@@ -157,10 +200,12 @@ def _app_state(
     state: Mapping[str, Any], caller: str, spmd: bool
 ) -> tuple[nn.Module, dict[str, Any]]:
     if not isinstance(state, Mapping):
-        raise TypeError(f"{caller} expects a dict of the run's objects, got {type(state).__name__}")
+        raise AcceleratorTypeError(
+            f"{caller} expects a dict of the run's objects, got {type(state).__name__}"
+        )
     modules = [key for key, value in state.items() if isinstance(value, nn.Module)]
     if len(modules) != 1:
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"{caller} expects exactly one module in state (the optimizers' model), got "
             f"{len(modules)}: {modules}; save other models in checkpoints of their own"
         )

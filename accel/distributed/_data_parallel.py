@@ -11,6 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 from accel.distributed._backends import backend_for_device
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._process_group import DistributedContext, current_context
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -57,7 +58,9 @@ def running_context(
     tensors; ``None`` means the running one."""
 
     if not isinstance(model, nn.Module):
-        raise TypeError(f"{caller} expects a torch.nn.Module, got {type(model).__name__}")
+        raise AcceleratorTypeError(
+            f"{caller} expects a torch.nn.Module, got {type(model).__name__}"
+        )
     if context is None:
         context = current_context()
     if context is None or not dist.is_initialized():
@@ -86,7 +89,7 @@ def check_model_on_device(model: nn.Module, context: DistributedContext) -> None
     """:raises ValueError: a parameter or buffer of ``model`` is off ``context.device``."""
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         if tensor.device != context.device:
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"{name!r} is on {tensor.device}, but this worker trains on "
                 f"{context.device}; move the model first with "
                 f"context.accelerator.model_to_device(model) (it keeps tied weights tied)"

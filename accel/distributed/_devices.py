@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Final
 
+import accel
 from accel import Accelerator
 from accel._util.notes import add_note
 from accel.distributed._backends import device_backends
@@ -97,17 +98,9 @@ def _visible_to_this_worker_alone(device_type: str) -> bool:
 def resolve_accelerator(
     accelerator: Accelerator | str | None, registry: AcceleratorRegistry | None
 ) -> Accelerator:
-    """A handle for ``accelerator`` (a handle, a name, or ``None`` for the default)."""
-
-    if isinstance(accelerator, Accelerator):
-        return accelerator
-    if accelerator is not None and not isinstance(accelerator, str):
-        raise TypeError(
-            f"accelerator must be an accel.Accelerator, a name such as 'cuda', or None, "
-            f"got {type(accelerator).__name__}: {accelerator!r}"
-        )
-    if registry is None:
-        from accel import default_registry
-
-        registry = default_registry()
-    return registry.get_accelerator(accelerator)
+    """A handle for ``accelerator`` (a handle, a name, or ``None`` for the default), by
+    the registry's one rule for "a handle or a name" (a handle with ``registry=`` must
+    be that registry's)."""
+    if registry is not None:
+        return registry.get_accelerator(accelerator)
+    return accel.get_accelerator(accelerator)

@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from accel.distributed._data_parallel import check_model_on_device, running_context
 from accel.distributed._errors import DistributedSetupError
-from accel.errors import WeightTyingError
+from accel.errors import AcceleratorValueError, WeightTyingError
 from accel.tying import TiedGroup, count_unique_parameters, find_tied_parameters
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def plan_shard_units(model: nn.Module, modules: list[nn.Module]) -> list[list[nn
         path = paths.get(id(module))
         if path is None or module is model:
             what = "the model itself" if module is model else "not a submodule of the model"
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"fully_shard_tied: modules must be submodules of the model, but a "
                 f"{type(module).__name__} passed is {what}; the root is always sharded last"
             )

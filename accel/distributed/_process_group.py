@@ -18,6 +18,10 @@ from accel.distributed._backends import device_backends, group_backend, memory_s
 from accel.distributed._devices import local_accelerator
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._launchers import LaunchEnvironment, read_launch_environment
+from accel.distributed._restarts import attempt_store
+from accel.distributed._xla_group import start_xla_group
+from accel.errors import AcceleratorValueError
+from accel.training._async_save import wait_for_saves
 
 if TYPE_CHECKING:
     import torch
@@ -117,8 +121,6 @@ def init_process_group(
             return _existing_context(acc, backend, environment)
         _active = None
         if backend == "xla":
-            from accel.distributed._xla_group import start_xla_group
-
             start_xla_group(environment, timeout_delta)
         else:
             _start_group(acc, environment, timeout_delta)
@@ -130,7 +132,7 @@ def _as_timedelta(timeout: datetime.timedelta | float | None) -> datetime.timede
     if timeout is None or isinstance(timeout, datetime.timedelta):
         return timeout
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"timeout must be a positive number of seconds or a datetime.timedelta, got {timeout!r}"
         )
     return datetime.timedelta(seconds=timeout)
@@ -151,8 +153,13 @@ def _start_group(
         dist.init_process_group(backend, store=memory_store(), rank=0, world_size=1, **options)
         return
     if environment.launcher == "torchrun":
-        # env:// under torchrun joins the store its agent already runs.
-        options["init_method"] = "env://"
+        # The store torchrun's agent runs, under this attempt's prefix (a restarted
+        # job must not read the keys of the attempt before); else env:// joins it.
+        store = attempt_store(environment, timeout)
+        if store is None:
+            options["init_method"] = "env://"
+        else:
+            options["store"] = store
     else:
         host = environment.master_addr
         host = f"[{host}]" if ":" in host else host  # an IPv6 address
@@ -256,9 +263,13 @@ def destroy_process_group(*, barrier: bool = True) -> bool:
         down, and gloo then aborts that process ("terminate called without an active
         exception"). Pass ``False`` when a rank may have died, so teardown never waits.
     :returns: whether a group was running.
+    :raises OSError: the pending asynchronous save failed (its ranks talk over the
+        group, so it is finished first, with ``barrier``); the group still runs.
     """
     global _active
 
+    if barrier:
+        wait_for_saves()
     with _lock:
         _active = None
         if not (dist.is_available() and dist.is_initialized()):

@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
+import accel
+from accel._util.names import AUTO, name_from_environment, parse_accelerator_name
 from accel.distributed._devices import resolve_accelerator
 from accel.distributed._errors import DistributedSetupError
+from accel.errors import AcceleratorValueError
 from accel.training.nested import tensors_in
 
 if TYPE_CHECKING:
@@ -69,7 +72,11 @@ def init_spmd(
 
     :param accelerator: an XLA accelerator (backend ``xla``) by name, or ``None`` for
         the default; a handle works only once SPMD is on, as creating it handed out
-        a device (a non-XLA handle is refused before anything is switched).
+        a device. A non-XLA handle or name is refused before anything is switched
+        (a name by its plugin's declared backend, without creating a handle); only
+        ``"auto"`` is known once selected, after the switch.
+    :raises accel.AcceleratorNotFoundError: no accelerator has that name (nothing
+        switched).
     :raises DistributedSetupError: torch_xla is missing, the runtime already handed
         out a device, the accelerator is not an XLA one, or an ``xla`` process group
         is running (SPMD replaces it: destroy it first).
@@ -78,8 +85,11 @@ def init_spmd(
     with _lock:
         if _active is not None:
             return _active
-        if not isinstance(accelerator, (str, type(None))):
-            _require_xla(resolve_accelerator(accelerator, registry))  # before switching
+        # Refused before switching: the switch is for the whole process, and for good.
+        if isinstance(accelerator, (str, type(None))):
+            _require_xla_name(accelerator, registry)
+        else:
+            _require_xla(resolve_accelerator(accelerator, registry))
         xr, xs = _switch_to_spmd()
         acc = resolve_accelerator(accelerator, registry)  # after the switch: see above
         _require_xla(acc)
@@ -94,11 +104,25 @@ def init_spmd(
 
 def _require_xla(acc: Accelerator) -> None:
     if acc.distributed_backend != "xla":
-        raise DistributedSetupError(
-            f"init_spmd needs an XLA accelerator, but {acc.name!r} uses the "
-            f"{acc.distributed_backend!r} backend; pass 'tpu', or use "
-            f"init_process_group() and wrap_data_parallel() for {acc.name!r}"
-        )
+        raise _not_xla(acc.name, acc.distributed_backend)
+
+
+def _require_xla_name(accelerator: str | None, registry: AcceleratorRegistry | None) -> None:
+    """Refuse a name whose accelerators all declare another backend than ``xla``."""
+    name, _source = name_from_environment(accelerator)
+    if parse_accelerator_name(name)[0] == AUTO:
+        return  # decided by probing: checked once selected
+    backends = (registry or accel.default_registry()).distributed_backends(name)
+    if "xla" not in backends.values():
+        canonical, backend = next(iter(backends.items()))
+        raise _not_xla(canonical, backend)
+
+
+def _not_xla(name: str, backend: str) -> DistributedSetupError:
+    return DistributedSetupError(
+        f"init_spmd needs an XLA accelerator, but {name!r} uses the {backend!r} backend; "
+        f"pass 'tpu', or use init_process_group() and wrap_data_parallel() for {name!r}"
+    )
 
 
 def _switch_to_spmd() -> tuple[Any, Any]:
@@ -157,7 +181,7 @@ def shard_batch(batch: Any, context: SpmdContext | None = None) -> Any:
         if tensor.dim() == 0:
             continue  # a scalar (a step count, a scale) stays replicated
         if tensor.shape[0] % context.num_devices:
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"shard_batch splits every tensor's first dimension over "
                 f"{context.num_devices} devices, but a tensor of shape {tuple(tensor.shape)} "
                 f"does not divide evenly; use a batch size divisible by {context.num_devices}"

@@ -21,6 +21,7 @@ from lightning.pytorch.accelerators import Accelerator as LightningAccelerator
 from typing_extensions import override
 
 import accel
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
 __all__ = ["AccelAccelerator", "as_lightning_accelerator"]
 
@@ -84,7 +85,7 @@ class AccelAccelerator(LightningAccelerator):
         handle = self.handle()
         name = handle.name if handle.index is None else f"{handle.name}:{handle.index}"
         if not _in_default_registry(handle):
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"cannot pickle AccelAccelerator({name!r}): a new process re-selects it by "
                 f"name from accel's default registry, where {handle.name!r} is not "
                 f"registered (it came from an AcceleratorRegistry of your own). Install "
@@ -101,7 +102,7 @@ class AccelAccelerator(LightningAccelerator):
     def handle(cls) -> accel.Accelerator:
         """The accel accelerator behind this Lightning accelerator."""
         if cls._accel is None:
-            raise TypeError(
+            raise AcceleratorTypeError(
                 "AccelAccelerator's class methods need an instance's class: use "
                 "type(AccelAccelerator('NAME')), not AccelAccelerator itself"
             )
@@ -231,7 +232,7 @@ class AccelAccelerator(LightningAccelerator):
     def _check_device(self, device: torch.device) -> None:
         handle = self.handle()
         if device.type != handle.device.type:
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"Lightning asked accelerator {handle.name!r} to run on {device}, but its "
                 f"devices are of type {handle.device.type!r}. Pass "
                 f"strategy=AccelStrategy({handle.name!r}) to the Trainer (or "
@@ -248,7 +249,9 @@ def as_lightning_accelerator(
     as given, a name or handle wrapped in one, ``None`` left to Lightning."""
     if accelerator is None or isinstance(accelerator, AccelAccelerator):
         if registry is not None:
-            raise TypeError("registry= selects an accelerator by name; pass a name with it")
+            raise AcceleratorTypeError(
+                "registry= selects an accelerator by name; pass a name with it"
+            )
         return accelerator
     return AccelAccelerator(accelerator, registry=registry)
 
@@ -256,21 +259,11 @@ def as_lightning_accelerator(
 def _select(
     accelerator: str | accel.Accelerator | None, registry: accel.AcceleratorRegistry | None
 ) -> accel.Accelerator:
-    if isinstance(accelerator, accel.Accelerator):
-        if registry is not None:
-            raise TypeError(
-                "registry= selects an accelerator by name; an accel.Accelerator handle "
-                "already belongs to its registry: pass one or the other"
-            )
-        return accelerator
-    if accelerator is not None and not isinstance(accelerator, str):
-        raise TypeError(
-            "AccelAccelerator expects an accel accelerator name, an accel.Accelerator "
-            f"or None, got {type(accelerator).__name__}"
-        )
-    if registry is None:
-        return accel.get_accelerator(accelerator)
-    return registry.get_accelerator(accelerator)
+    # The registry's one rule for "a handle or a name" (a handle with registry= must be
+    # that registry's), as everywhere in accel.
+    if registry is not None:
+        return registry.get_accelerator(accelerator)
+    return accel.get_accelerator(accelerator)
 
 
 def _unpickle(name: str, tie_check: accel.TieCheck) -> AccelAccelerator:
@@ -297,7 +290,7 @@ def _parse_devices_text(text: str, name: str) -> Any:
 
 
 def _devices_error(devices: object, name: str, problem: str) -> ValueError:
-    return ValueError(
+    return AcceleratorValueError(
         f"devices={devices!r} for accelerator {name!r} {problem}. Pass a count "
         f"(devices=1), -1 for all, or device indices (devices=[0])."
     )

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 
 import accel
+from accel.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
 from accel.integrations._lightning_accelerator import AccelAccelerator, as_lightning_accelerator
 from accel.integrations._lightning_checkpoint import AccelCheckpointIO
 
@@ -91,7 +92,7 @@ class AccelStrategyBase:
         if not isinstance(accelerator, AccelAccelerator):
             name = type(self).__name__
             found = "none" if accelerator is None else type(accelerator).__name__
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"{name} moves models with an accel accelerator, but the run's "
                 f"accelerator is {found}. Name it in the strategy ({name}('cpu')) or "
                 f"pass accelerator=AccelAccelerator('cpu') (any accel accelerator name)."
@@ -109,7 +110,7 @@ class AccelStrategyBase:
         if self.single_device and devices is not None and len(devices) != 1:
             name = type(self).__name__
             listed = ", ".join(str(device) for device in devices)
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"{name} runs on one device per process, but devices= asked for "
                 f"{len(devices)} ({listed}). Pass devices=1 (or devices=[INDEX] for one "
                 f"particular device), or use {self.parallel_strategy_name} for one "
@@ -184,7 +185,7 @@ class AccelStrategyBase:
 def require_in_place(model: Module, moved: Module, handle: accel.Accelerator) -> None:
     """:raises RuntimeError: the plugin moved ``model`` into a new module object."""
     if moved is not model:
-        raise RuntimeError(
+        raise AcceleratorRuntimeError(
             f"accelerator {handle.name!r} moved the model by returning a new module "
             f"({type(moved).__name__}) instead of moving it in place; Lightning keeps "
             f"the module it was given, so its strategies need in-place moves. Ask the "

@@ -21,6 +21,7 @@ from lightning.fabric.plugins import CheckpointIO
 from typing_extensions import override
 
 import accel
+from accel.errors import AcceleratorFileNotFoundError, AcceleratorTypeError
 from accel.integrations._lightning_accelerator import AccelAccelerator, as_lightning_accelerator
 from accel.training.atomic import atomic_save
 
@@ -67,7 +68,7 @@ class AccelCheckpointIO(CheckpointIO):
         :raises TypeError: ``storage_options`` was given (accel's ``save`` takes none).
         """
         if storage_options is not None:
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"AccelCheckpointIO saves with accel's save(), which takes no "
                 f"storage_options (got {storage_options!r}); drop the argument, or pass "
                 f"checkpoint_io= a CheckpointIO that understands it"
@@ -94,7 +95,7 @@ class AccelCheckpointIO(CheckpointIO):
         """
         target = Path(os.fspath(path))
         if not target.is_file():
-            raise FileNotFoundError(
+            raise AcceleratorFileNotFoundError(
                 f"no checkpoint file at {str(target)!r}: check the path (ckpt_path=, "
                 f"fabric.load) or save one first"
             )

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import accel
+from accel.errors import AcceleratorValueError
 
 if TYPE_CHECKING:
     from accelerate import Accelerator as AccelerateAccelerator
@@ -68,7 +69,7 @@ def move_for_prepare(
     ``accelerator.prepare(*move_for_prepare(accelerator, model, optimizer))``.
     """
     if device_placement is not None and len(device_placement) != len(args):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"device_placement has {len(device_placement)} entries for {len(args)} "
             f"objects to prepare; give one per object, or None to use the accelerator's "
             f"device_placement ({accelerator.device_placement})"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accel.errors import PluginError
+from accel.errors import AcceleratorValueError, PluginError
 from accel.markers import hookimpl
 from accel.training.batch import move_batch
 from accel.training.checkpoint import cpu_state_dict, load_checkpoint, save_on_main_process
@@ -27,7 +27,7 @@ from accel.training.device_loader import MovingLoader
 from accel.training.memory import unknown
 from accel.training.precision import autocast_to
 from accel.training.rng import device_generators_of
-from accel.training.step import clip_grad_norm, gradient_sync_paused
+from accel.training.step import clip_grad_norm, gradient_sync_paused, scaled_step
 from accel.types import Availability, MemoryStats
 
 if TYPE_CHECKING:
@@ -38,10 +38,11 @@ if TYPE_CHECKING:
 
 @hookimpl(trylast=True)
 def is_available(accelerator: str) -> Availability:
-    return Availability(
-        False,
-        reason=f"no plugin answered is_available for {accelerator!r}",
-        remedy="the accelerator's plugin must implement the is_available hook",
+    # A plugin missing a hook it needs is malformed, like the get_device and autocast
+    # fallbacks below say: a PluginError, which the probe reports as the reason.
+    raise PluginError(
+        f"no plugin answered is_available for {accelerator!r}: the accelerator's plugin "
+        f"must implement the is_available hook"
     )
 
 
@@ -54,7 +55,6 @@ def device_count(accelerator: str) -> int:
 
 @hookimpl(trylast=True)
 def get_device(accelerator: str, index: int | None) -> torch.device:
-
     # Out-of-tree backends register their device type under their own name.
     try:
         return torch.device(accelerator, 0 if index is None else index)
@@ -90,8 +90,6 @@ def optimizer_step(
     scaler: torch.amp.GradScaler | None,
 ) -> Any:
     if scaler is not None:
-        from accel.training.step import scaled_step
-
         return scaled_step(optimizer, scaler, closure)
     return optimizer.step() if closure is None else optimizer.step(closure)
 
@@ -149,7 +147,7 @@ def autocast(
     try:
         default = torch.get_autocast_dtype(device.type)
     except RuntimeError:
-        raise ValueError(
+        raise PluginError(
             f"torch cannot autocast on device type {device.type!r} (accelerator "
             f"{accelerator!r}); its plugin must implement the autocast hook"
         ) from None
@@ -214,7 +212,7 @@ def rng_state(device: torch.device) -> Any:
 def set_rng_state(accelerator: str, state: Any, device: torch.device) -> bool:
     if not isinstance(state, dict) or state.get("type") != device.type:
         found = state.get("type") if isinstance(state, dict) else type(state).__name__
-        raise ValueError(
+        raise AcceleratorValueError(
             f"set_rng_state: the device generator state is from {found!r}, but accelerator "
             f"{accelerator!r} runs on {device.type!r}; resume on the accelerator that "
             f"saved it, or leave the 'device' entry out (the device draws then differ)"

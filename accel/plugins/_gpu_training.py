@@ -18,7 +18,7 @@ import torch
 from accel.markers import hookimpl
 from accel.training.device_loader import PrefetchingLoader
 from accel.training.nested import map_nested
-from accel.training.precision import autocast_to
+from accel.training.precision import HALVES, autocast_to
 from accel.types import MemoryStats
 
 if TYPE_CHECKING:
@@ -74,15 +74,8 @@ class MpsTrainingHooks:
     def autocast(
         self, accelerator: str, device: torch.device, dtype: torch.dtype | None
     ) -> AbstractContextManager[Any]:
-
         # bfloat16 needs macOS 14; torch_autocast turns torch's refusal into an error.
-        return autocast_to(
-            accelerator,
-            device,
-            dtype,
-            default=torch.float16,
-            supported=(torch.float16, torch.bfloat16),
-        )
+        return autocast_to(accelerator, device, dtype, default=torch.float16, supported=HALVES)
 
     @hookimpl
     def memory_stats(self) -> MemoryStats:

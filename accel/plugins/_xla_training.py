@@ -14,10 +14,12 @@ them. On GPT-2 small that is a quarter of the step's time and a gigabyte of memo
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Generator, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from accel.errors import AcceleratorOSError, AcceleratorRuntimeError, AcceleratorValueError
 from accel.markers import hookimpl
 from accel.plugins._xla_gradients import note_reduced, reduce_for_clipping, reduce_for_step
 from accel.plugins._xla_loader import XlaLoader, chain, watch_model
@@ -26,7 +28,7 @@ from accel.training.atomic import atomic_save
 from accel.training.device_loader import DeviceLoader
 from accel.training.memory import unknown
 from accel.training.precision import bfloat16_autocast
-from accel.training.step import clip_grad_norm
+from accel.training.step import clip_grad_norm, scaled_step
 from accel.types import MemoryStats
 
 if TYPE_CHECKING:
@@ -42,14 +44,22 @@ class XlaTrainingHooks:
     """Gradient reduction and clipping, compiling, step marking, RNG, precision, memory,
     loading, saving."""
 
-    @hookimpl(wrapper=True)
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> Generator[None, Any, Any]:
+    # trylast: the innermost wrapper, right around the step, so no other wrapper sees
+    # step_with_closure's _Stepped.
+    @hookimpl(wrapper=True, trylast=True)
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None
+    ) -> Generator[None, Any, Any]:
         import torch_xla
 
-        # All-reduce, only when several replicas train, and not again what clipping did;
-        # before a scaler's step, so every replica sees the same overflow.
-        reduce_for_step(optimizer)
+        if closure is None:
+            # All-reduce, only when several replicas train, and not again what clipping
+            # did; before a scaler's step, so every replica sees the same overflow.
+            reduce_for_step(optimizer)
+        # With a closure the gradients do not exist yet: step_with_closure reduces them.
         result = yield  # the step itself (the fallback, or another plugin's)
+        if isinstance(result, _Stepped):
+            result = result.value
         loop = _loop_state()
         if loop.active and loop.fetches != loop.fetches_at_last_step:
             loop.owed = True  # a device_loader loop: its next batch marks the step
@@ -58,6 +68,27 @@ class XlaTrainingHooks:
             loop.owed = False
         loop.fetches_at_last_step = loop.fetches
         return result
+
+    @hookimpl(specname="optimizer_step")
+    def step_with_closure(
+        self,
+        optimizer: torch.optim.Optimizer,
+        closure: Callable[[], Any] | None,
+        scaler: torch.amp.GradScaler | None,
+    ) -> _Stepped | None:
+        """The step of a closure: the optimizer evaluates it (LBFGS several times), and
+        each evaluation's gradients are reduced before the optimizer uses them."""
+        if closure is None:
+            return None  # reduced in the wrapper; the fallback (or a plugin) steps
+
+        def closure_then_reduce() -> Any:
+            loss = closure()
+            reduce_for_step(optimizer)
+            return loss
+
+        if scaler is not None:  # a disabled one: the handle refuses a closure otherwise
+            return _Stepped(scaled_step(optimizer, scaler, closure_then_reduce))
+        return _Stepped(optimizer.step(closure_then_reduce))
 
     @hookimpl
     def clip_grad_norm_(
@@ -149,6 +180,15 @@ class XlaTrainingHooks:
         if xr.world_size() == 1:
             atomic_save(obj, path)
             return True
+        if threading.current_thread() is not threading.main_thread():
+            # An asynchronous save: the replicas' word travels as an XLA collective,
+            # which a thread beside the training loop's tracing must not run.
+            raise AcceleratorRuntimeError(
+                f"save: an asynchronous save of {str(path)!r} in a multi-process XLA run "
+                f"needs a torch.distributed group (accel.distributed.init_process_group"
+                f"('tpu')), so that rank 0 writes and the others hear from it over gloo; "
+                f"start one, or save with asynchronous=False"
+            )
         failure: BaseException | None = None
         if xm.is_master_ordinal(local=False):
             try:
@@ -162,10 +202,21 @@ class XlaTrainingHooks:
             raise failure
         told = [bytes(outcome).decode() for outcome in outcomes if outcome]
         if told:
-            raise OSError(
+            raise AcceleratorOSError(
                 f"save: the master ordinal could not write the checkpoint {str(path)!r}: {told[0]}"
             )
         return True
+
+    @hookimpl
+    def restore_to_device(
+        self, tensors: list[torch.Tensor], device: torch.device
+    ) -> list[torch.Tensor]:
+        import torch_xla.core.xla_model as xm
+
+        # One upload for the lot (torch_xla's _xla_tensors_from_aten); load_state_dict's
+        # copy_ from a CPU tensor, and an optimizer's .to(), would upload each one
+        # synchronously (445 uploads for GPT-2 small + AdamW).
+        return list(xm.send_cpu_data_to_device(tensors, device))
 
     @hookimpl
     def rng_state(self, device: torch.device) -> dict[str, Any]:
@@ -180,13 +231,23 @@ class XlaTrainingHooks:
 
         if not isinstance(state, dict) or state.get("type") != "xla" or "seed" not in state:
             found = state.get("type") if isinstance(state, dict) else type(state).__name__
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"set_rng_state: the device generator state is from {found!r}, but "
                 f"accelerator {accelerator!r} runs on XLA; resume on the accelerator that "
                 f"saved it, or leave the 'device' entry out (the device draws then differ)"
             )
         xm.set_rng_state(int(state["seed"]), device=str(device))
         return True
+
+
+class _Stepped:
+    """What :meth:`XlaTrainingHooks.step_with_closure` returned, wrapped: the step ran,
+    even where it returned ``None`` (so no later implementation steps again)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 
 def _int_or_none(value: object) -> int | None:

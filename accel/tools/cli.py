@@ -204,6 +204,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
     import accel
 
     with _stdout_to_stderr(args.json):
+        # "auto" first: what it passes over while selecting (a plugin whose get_device
+        # fails) is then listed with the reason. This process ends after the listing,
+        # so the device auto's pick hands out (XLA's) is no side effect for anyone.
+        with contextlib.suppress(accel.AcceleratorError):
+            accel.get_accelerator("auto")
         infos = accel.list_accelerators()
         _warn_about_the_default()
     if args.json:

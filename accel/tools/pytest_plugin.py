@@ -7,7 +7,9 @@ Installed with accel and loaded by pytest through the ``pytest11`` entry point, 
 * the ``accelerator`` fixture: an :class:`accel.Accelerator` chosen by ``--accelerator``,
   else ``$ACCEL_ACCELERATOR``, else ``"auto"``.
 * the ``@pytest.mark.accelerator("cuda", "tpu")`` marker: run the test if any of the named
-  accelerators is available here, skip it (saying why each is not) otherwise.
+  accelerators is available here, skip it (saying why each is not) otherwise; but fail it
+  where the run asked for one of them (``--accelerator``, ``$ACCEL_ACCELERATOR``) and it
+  is missing, so that a run targeting it never turns green by skipping.
 
 Loading the plugin is free: neither torch nor torch_xla (nor accel's plugins) is
 imported until a test uses the fixture or carries the marker, because pytest loads
@@ -24,7 +26,7 @@ import pytest
 
 from accel._util.names import ACCELERATOR_ENV as _ACCELERATOR_ENV
 from accel._util.names import AUTO as _AUTO
-from accel._util.names import closest_name, name_from_environment
+from accel._util.names import closest_name, name_from_environment, normalize_name
 
 if TYPE_CHECKING:
     from accel.accelerator import Accelerator
@@ -135,7 +137,8 @@ def _validate_option(config: pytest.Config) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
-    """Probe the accelerators a marked test names; skip it when none is available.
+    """Probe the accelerators a marked test names; skip it when none is available (fail
+    it when the run asked for one of them).
 
     A wrapper, so that the skip marker added here is seen by pytest's own skip
     handling (which reports the skip at the test's location, not this file's).
@@ -157,6 +160,17 @@ def _apply_marker(item: pytest.Item, marker: pytest.Mark) -> None:
             first_available=available[0].requested,
         )
         return
+    requested = _requested(item.config)
+    if requested is not None and normalize_name(requested[0]) != _AUTO:
+        # The run asked for one of this test's accelerators, and it is missing: a run
+        # that targets it must not turn green by skipping its tests.
+        asked = _probe(item, *requested)
+        if asked.canonical in {probe.canonical for probe in probes}:
+            _fail(
+                f"accelerator {requested[0]!r} (from {requested[1]}) is not available here: "
+                f"{asked.reason}. This test is marked for it, so it fails instead of "
+                f"skipping; run on a machine that has it, or ask for another accelerator."
+            )
     if len(probes) == 1:
         reason = f"needs accelerator {names[0]!r}, which is not available here: {probes[0].reason}"
     else:
@@ -187,8 +201,12 @@ def _marker_names(item: pytest.Item, marker: pytest.Mark) -> list[str]:
     return list(marker.args)
 
 
-def _probe(item: pytest.Item, name: str) -> _Probe:
-    """Ask the default registry for ``name``; an unknown or malformed name fails the test."""
+def _probe(item: pytest.Item, name: str, source: str = "") -> _Probe:
+    """Ask the default registry for ``name``; an unknown or malformed name fails the test.
+
+    :param source: where the name came from (``"--accelerator"``), for that message;
+        ``""``: the test's marker.
+    """
     from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError
 
     probes = item.config.stash.setdefault(_PROBES_KEY, {})
@@ -207,7 +225,8 @@ def _probe(item: pytest.Item, name: str) -> _Probe:
             reason = f"{reason}, to use it: {remedy}"
         probe = _Probe(name, exc.accelerator, False, reason)
     except (AcceleratorNotFoundError, ValueError) as exc:
-        _fail(f"@pytest.mark.{MARKER_NAME}({name!r}): {exc}")
+        where = f"{name!r} (from {source})" if source else f"@pytest.mark.{MARKER_NAME}({name!r})"
+        _fail(f"{where}: {exc}")
     probes[name] = probe
     return probe
 
@@ -241,7 +260,6 @@ def accelerator(request: pytest.FixtureRequest) -> Accelerator:
     listed accelerators, and otherwise the first listed one that is available here.
     An accelerator that was asked for but cannot be used fails the test, saying why.
     """
-    from accel._util.names import normalize_name
     from accel.errors import AcceleratorError, AcceleratorUnavailableError
 
     registry = _registry()

@@ -20,6 +20,8 @@ import torch
 import torch.serialization
 from torch import nn
 
+from accel.errors import AcceleratorTypeError
+
 __all__ = ["check_loadable", "convert_stateful"]
 
 # Exact types only: a subclass pickles as its own class, which weights_only refuses.
@@ -100,7 +102,7 @@ def check_loadable(obj: Any) -> None:
         elif type(value) in (*_SEQUENCES, set):
             pending.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
         else:
-            raise TypeError(_refusal(path, value))
+            raise AcceleratorTypeError(_refusal(path, value))
 
 
 def _refusal(path: str, value: Any) -> str:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 import torch
 
 from accel._util.files import fsync_directory, process_alive
+from accel.errors import AcceleratorValueError
 
 __all__ = ["atomic_save"]
 
@@ -121,7 +122,7 @@ def _write(obj: Any, file: BinaryIO, target: Path) -> None:
             raise _naming(recording.error, target, "writing it") from exc
         raise
     except RecursionError as exc:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"save: the object for {str(target)!r} is nested too deeply to pickle; "
             f"flatten it (a chain of containers deeper than Python's recursion limit)"
         ) from exc
@@ -138,7 +139,6 @@ class _CpuPickler(pickle.Pickler):
         self._copies: list[torch.Tensor] = []
 
     def reducer_override(self, obj: Any) -> Any:
-
         # Stored detached (a Parameter as a plain tensor), as state_dict() gives them.
         if isinstance(obj, torch.Tensor) and (obj.device.type != "cpu" or obj.requires_grad):
             copy = obj.detach().to("cpu")

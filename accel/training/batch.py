@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from accel.training.nested import map_nested
 
 if TYPE_CHECKING:
@@ -31,7 +33,6 @@ def move_batch(batch: Any, device: torch.device) -> Any:
     :raises ValueError: the batch contains itself (a reference cycle; the message
         names the path), or is nested deeper than Python's recursion limit.
     """
-    torch = _torch()
     if not isinstance(device, torch.device):
         device = torch.device(device)
     tensor_type = torch.Tensor
@@ -95,17 +96,3 @@ def _tensor_mover(device: torch.device) -> Callable[[torch.Tensor], torch.Tensor
         return tensor.to(device)
 
     return move_to_cuda
-
-
-def _torch() -> Any:
-    # Imported on first use, not with accel; a global after that, because an import
-    # statement inside move_batch costs measurably on small batches.
-    global _TORCH
-    if _TORCH is None:
-        import torch
-
-        _TORCH = torch
-    return _TORCH
-
-
-_TORCH: Any = None

@@ -27,6 +27,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, final
 
 import torch
+from torch.utils.data import default_collate
+
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
 if TYPE_CHECKING:
     import torch
@@ -53,7 +56,9 @@ def power_of_two_buckets(longest: int, *, smallest: int = 16) -> tuple[int, ...]
     """
     for name, value in (("longest", longest), ("smallest", smallest)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"power_of_two_buckets: {name} must be an int >= 1, got {value!r}")
+            raise AcceleratorValueError(
+                f"power_of_two_buckets: {name} must be an int >= 1, got {value!r}"
+            )
     sizes = [smallest]
     while sizes[-1] < longest:
         sizes.append(sizes[-1] * 2)
@@ -69,7 +74,7 @@ def bucket_length(length: int, sizes: Sequence[int]) -> int:
     checked = _checked_sizes(sizes)
     index = bisect.bisect_left(checked, length)
     if index == len(checked):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"a batch of length {length} is longer than the largest bucket ({checked[-1]}, "
             f"of {list(checked)}); add a bucket of at least {length}, or truncate the "
             f"sequences to {checked[-1]}"
@@ -102,7 +107,7 @@ def pad_to_bucket(
     named = _named_tensors(batch, pad_values)
     lengths = {place: tensor.shape[dim] for place, (tensor, _) in named.items()}
     if len(set(lengths.values())) > 1:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"pad_to_bucket pads the named tensors to one length along dim {dim}, but their "
             f"lengths differ: {lengths}; pad them to a common length first (your collate "
             f"function), or name only the tensors of one sequence in pad_values"
@@ -155,8 +160,6 @@ class BucketCollate:
     def __call__(self, samples: list[Any]) -> Any:
         collate = self.collate_fn
         if collate is None:
-            from torch.utils.data import default_collate
-
             collate = default_collate
         return pad_to_bucket(collate(samples), self.sizes, self.pad_values, dim=self.dim)
 
@@ -207,7 +210,7 @@ def _checked_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
         or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in checked)
         or list(checked) != sorted(set(checked))
     ):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"bucket sizes must be a non-empty, ascending sequence of distinct ints >= 1, "
             f"got {sizes!r}; e.g. power_of_two_buckets(512) = {power_of_two_buckets(512)}"
         )
@@ -223,7 +226,7 @@ def _named_tensors(
         places: list[tuple[Any, PadValue]] = list(pad_values.items())
         missing = [key for key, _ in places if key not in batch]
         if missing:
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"pad_to_bucket: pad_values names {missing}, which the batch lacks (its "
                 f"keys: {list(batch)}); name only keys the batch has"
             )
@@ -231,14 +234,14 @@ def _named_tensors(
     elif isinstance(batch, (tuple, list)) and _is_position_list(pad_values):
         sequence: Sequence[PadValue | None] = pad_values  # type: ignore[assignment]
         if len(sequence) != len(batch):
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"pad_to_bucket: pad_values has {len(sequence)} entries for a batch of "
                 f"{len(batch)} items; give one per item (None: leave it as it is)"
             )
         places = [(i, value) for i, value in enumerate(sequence) if value is not None]
         values = {i: batch[i] for i, _ in places}
     else:
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"pad_to_bucket got a {type(batch).__name__} batch and pad_values of type "
             f"{type(pad_values).__name__}; {_HOW}"
         )
@@ -247,12 +250,12 @@ def _named_tensors(
         found = values[place]
         if not isinstance(found, torch.Tensor) or found.dim() == 0:
             held = "a scalar tensor" if isinstance(found, torch.Tensor) else type(found).__name__
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"pad_to_bucket: pad_values names {place!r}, which holds {held}, not a "
                 f"tensor with a sequence dimension; {_HOW}"
             )
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"pad_to_bucket: the pad value for {place!r} must be a number, got "
                 f"{type(value).__name__}"
             )

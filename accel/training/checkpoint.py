@@ -20,6 +20,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from accel.errors import (
+    AcceleratorFileNotFoundError,
+    AcceleratorKeyError,
+    AcceleratorOSError,
+    AcceleratorTypeError,
+    AcceleratorValueError,
+)
+from accel.training._restoring import Move, moved_for_restore
 from accel.training._storing import check_loadable, convert_stateful
 from accel.training.atomic import atomic_save
 from accel.training.nested import map_nested
@@ -118,7 +126,7 @@ def save_on_main_process(obj: Any, path: str | os.PathLike[str]) -> None:
     if failure is not None:
         raise failure
     if outcome[0] is not None:
-        raise OSError(
+        raise AcceleratorOSError(
             f"save: the main process (rank 0) could not write the checkpoint "
             f"{os.fspath(path)!r}: {outcome[0]}"
         )
@@ -139,7 +147,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
 
     name = os.fspath(path)
     if not os.path.isfile(name):
-        raise FileNotFoundError(
+        raise AcceleratorFileNotFoundError(
             2,
             f"load: there is no checkpoint file at {name!r}"
             + (" (a directory)" if os.path.isdir(name) else "")
@@ -163,7 +171,14 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
         raise _not_a_checkpoint(name, exc) from exc
 
 
-def restore_into(stored: Any, state: Any, path: str) -> dict[str, Any]:
+def restore_into(
+    stored: Any,
+    state: Any,
+    path: str,
+    *,
+    device: torch.device | None = None,
+    move: Move | None = None,
+) -> dict[str, Any]:
     """Load ``stored[key]`` into every value of ``state`` with ``load_state_dict``, in
     place; return the stored entries that were not loaded into anything.
 
@@ -176,23 +191,31 @@ def restore_into(stored: Any, state: Any, path: str) -> dict[str, Any]:
     or shapes differ or an optimizer whose parameter groups differ leaves every object
     as it was.
 
-    :raises KeyError: a key of ``state`` with ``load_state_dict`` is not in the file.
+    With ``move`` (the ``restore_to_device`` hook), the tensors ``load_state_dict``
+    would copy to ``device`` unchanged are copied there first, in one call of ``move``
+    (:mod:`accel.training._restoring`).
+
+    :raises KeyError: a key of ``state`` is not in the file.
     :raises ValueError: the file holds no dict, or a module's keys or shapes differ, or
         an optimizer's parameter groups.
     """
     if not isinstance(state, Mapping):  # one object, saved on its own
         _check_entry(None, state, stored, path)
-        _target(state).load_state_dict(stored)
+        target = _target(state)
+        if move is not None and device is not None:
+            stored = moved_for_restore({None: target}, {None: stored}, device, move)[None]
+        target.load_state_dict(stored)
         return {}
     if not isinstance(stored, Mapping):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"load: {path!r} holds a {type(stored).__name__}, not a dict of entries, so "
             f"there is nothing to restore state into; call acc.load({path!r}) without state"
         )
     targets = {key: value for key, value in state.items() if hasattr(value, "load_state_dict")}
-    missing = [key for key in targets if key not in stored]
+    # Every key, plain values too: a resume that silently lacks its "step" starts over.
+    missing = [key for key in state if key not in stored]
     if missing:
-        raise KeyError(
+        raise AcceleratorKeyError(
             f"load: {path!r} has no entry {', '.join(map(repr, missing))} to restore; it "
             f"has {', '.join(map(repr, stored)) or 'no entries'}. Save the same keys you "
             f"load, or leave that key out of state"
@@ -202,13 +225,16 @@ def restore_into(stored: Any, state: Any, path: str) -> dict[str, Any]:
 
     # Modules first: an optimizer puts its state on its parameters' device.
     order = sorted(targets, key=lambda key: not isinstance(targets[key], nn.Module))
+    loaded = {key: stored[key] for key in targets}
+    if move is not None and device is not None:
+        unwrapped = {key: _target(target) for key, target in targets.items()}
+        loaded = moved_for_restore(unwrapped, loaded, device, move)
     for key in order:
-        _target(targets[key]).load_state_dict(stored[key])
+        _target(targets[key]).load_state_dict(loaded[key])
     return {key: value for key, value in stored.items() if key not in targets}
 
 
 def _target(value: Any) -> Any:
-
     # A compiled model's own state_dict() prefixes every key with "_orig_mod."; the
     # checkpoint (acc.state_dict) has the plain model's keys.
     return unwrap_compiled(value) if isinstance(value, nn.Module) else value
@@ -224,7 +250,7 @@ def _check_entry(key: str | None, target: Any, stored: Any, path: str) -> None:
 def _check_module_state(key: str | None, module: Any, stored: Any, path: str) -> None:
     entry, slot = _where(key, path), "state" if key is None else f"state[{key!r}]"
     if not isinstance(stored, Mapping):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"load: {entry} is a {type(stored).__name__}, not a state dict, so it cannot "
             f"be loaded into the {type(module).__name__} of {slot}"
         )
@@ -232,7 +258,7 @@ def _check_module_state(key: str | None, module: Any, stored: Any, path: str) ->
     absent = [name for name in current if name not in stored]
     unexpected = [name for name in stored if name not in current]
     if absent or unexpected:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"load: {entry} does not fit the {type(module).__name__} of {slot}: missing "
             f"{absent or 'nothing'}, unexpected {unexpected or 'nothing'}; build the model "
             f"as it was when saved"
@@ -241,7 +267,7 @@ def _check_module_state(key: str | None, module: Any, stored: Any, path: str) ->
         saved = stored[name]
         tensors = isinstance(tensor, torch.Tensor) and isinstance(saved, torch.Tensor)
         if tensors and saved.shape != tensor.shape:
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"load: parameter {name!r} of {entry} has shape {tuple(saved.shape)}, but "
                 f"the model's has shape {tuple(tensor.shape)}; build the model with the "
                 f"configuration it was saved with"
@@ -265,14 +291,14 @@ def _check_optimizer_state(key: str | None, optimizer: Any, stored: Any, path: s
     slot = "state" if key is None else f"state[{key!r}]"
     groups = stored.get("param_groups") if isinstance(stored, Mapping) else None
     if not isinstance(groups, list) or not isinstance(stored.get("state"), Mapping):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"load: {entry} is not an optimizer's state dict (no 'state' and "
             f"'param_groups'), so it cannot be loaded into the {kind} of {slot}; save "
             f"the optimizer itself under that key"
         )
     ours = optimizer.param_groups
     if len(groups) != len(ours):
-        raise ValueError(
+        raise AcceleratorValueError(
             f"load: {entry} holds {len(groups)} parameter group(s), but the {kind} of "
             f"{slot} has {len(ours)}; build the optimizer with the parameter groups it "
             f"was saved with"
@@ -280,7 +306,7 @@ def _check_optimizer_state(key: str | None, optimizer: Any, stored: Any, path: s
     for index, (saved, group) in enumerate(zip(groups, ours, strict=True)):
         count = len(saved.get("params", ())) if isinstance(saved, Mapping) else -1
         if count != len(group["params"]):
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"load: parameter group {index} of {entry} has {count} parameter(s), but "
                 f"that group of the {kind} of {slot} has {len(group['params'])}; build the "
                 f"optimizer with the parameter groups it was saved with"
@@ -297,7 +323,7 @@ def _check_optimizer_state(key: str | None, optimizer: Any, stored: Any, path: s
         for name, value in entries.items():  # in the state's order: the first one named
             tensor = isinstance(value, torch.Tensor) and name in _PARAMETER_SHAPED
             if tensor and value.shape != parameter.shape:
-                raise ValueError(
+                raise AcceleratorValueError(
                     f"load: optimizer state {name!r} of parameter {saved_id!r} in {entry} "
                     f"has shape {tuple(value.shape)}, but that parameter of the {kind} of "
                     f"{slot} has shape {tuple(parameter.shape)}; build the model and "
@@ -314,7 +340,7 @@ def _has_state(value: Any) -> bool:
 
 
 def _not_a_checkpoint(name: str, exc: BaseException) -> ValueError:
-    return ValueError(
+    return AcceleratorValueError(
         f"load: {name!r} is not a checkpoint torch can read ({type(exc).__name__}: "
         f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}): a file cut short, or "
         f"not written by acc.save or torch.save. acc.save never leaves a torn file; load "
@@ -325,7 +351,7 @@ def _not_a_checkpoint(name: str, exc: BaseException) -> ValueError:
 def checked_path(operation: str, path: object) -> None:
     """:raises TypeError: ``path`` is neither a str nor an ``os.PathLike``."""
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"{operation} expects a file path (str or os.PathLike), got {type(path).__name__}"
         )
 
@@ -334,7 +360,7 @@ def checked_state(state: object) -> None:
     """:raises TypeError: ``state`` of ``load(path, state)`` is neither a dict nor one
     object with ``load_state_dict``."""
     if not (state is None or isinstance(state, Mapping) or hasattr(state, "load_state_dict")):
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"load(path, state) expects state to be a dict of the objects to restore "
             f"(model, optimizer, ...) or one object with load_state_dict, got "
             f"{type(state).__name__}"

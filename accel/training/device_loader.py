@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
+from accel.errors import AcceleratorTypeError
+
 __all__ = ["DeviceLoader", "MovingLoader", "PrefetchingLoader"]
 
 _Batch = TypeVar("_Batch")
@@ -42,7 +44,7 @@ class DeviceLoader(Generic[_Batch]):
         try:
             return len(self.loader)  # type: ignore[arg-type]
         except TypeError:
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"the loader wrapped by device_loader ({type(self.loader).__name__}) has "
                 f"no len(); iterate it to count its batches"
             ) from None

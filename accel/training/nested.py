@@ -27,6 +27,10 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+import torch
+
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
+
 __all__ = ["map_nested", "tensors_in"]
 
 #: Values that are never containers: answered before any container check.
@@ -51,16 +55,14 @@ def map_nested(
     :raises TypeError: a container's type cannot be rebuilt from its items.
     """
     if leaf_type is None:
-        import torch
-
         leaf_type = torch.Tensor
     walker = _Walker(convert, leaf_type, what)
     try:
         return walker.walk(obj)
     except _CycleFound as found:
-        raise ValueError(_cycle_message(obj, found.container, what)) from None
+        raise AcceleratorValueError(_cycle_message(obj, found.container, what)) from None
     except RecursionError:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"the {what} is nested too deeply to walk (Python's recursion limit); "
             f"flatten it, or move its tensors yourself"
         ) from None
@@ -184,7 +186,7 @@ class _Walker:
         try:
             return container_type(*arguments)
         except TypeError as exc:
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"cannot rebuild {container_type.__qualname__} (in the {self._what}) with "
                 f"its moved items ({exc}); give it a constructor that takes its items as "
                 f"{'tuple' if issubclass(container_type, tuple) else 'dict'}() does, or "

@@ -10,9 +10,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
+
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
 if TYPE_CHECKING:
     import torch
@@ -43,19 +45,16 @@ def autocast_to(
     return torch_autocast(accelerator, device, chosen)
 
 
+#: The two 16-bit floating-point types autocast runs in.
+HALVES: Final = (torch.bfloat16, torch.float16)
+
+
 def bfloat16_autocast(
     accelerator: str, device: torch.device, dtype: torch.dtype | None
 ) -> AbstractContextManager[Any]:
     """:func:`autocast_to` for devices that prefer bfloat16 and take float16 too (the
     CPU and TPUs)."""
-
-    return autocast_to(
-        accelerator,
-        device,
-        dtype,
-        default=torch.bfloat16,
-        supported=(torch.bfloat16, torch.float16),
-    )
+    return autocast_to(accelerator, device, dtype, default=torch.bfloat16, supported=HALVES)
 
 
 def checked_autocast_dtype(
@@ -75,14 +74,14 @@ def checked_autocast_dtype(
 
     chosen = default if dtype is None else dtype
     if not isinstance(chosen, torch.dtype):
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"autocast(dtype=...) expects a torch.dtype such as torch.bfloat16, got "
             f"{type(chosen).__name__} ({chosen!r})"
         )
     allowed = tuple(supported)
     if chosen not in allowed:
         names = ", ".join(str(item) for item in allowed) or "none"
-        raise ValueError(
+        raise AcceleratorValueError(
             f"accelerator {accelerator!r} cannot autocast to {chosen}; it supports: "
             f"{names}{why}. Pass one of those as dtype=, or leave dtype out for "
             f"{default}."
@@ -104,12 +103,12 @@ def torch_autocast(
         try:
             context = torch.autocast(device_type=device.type, dtype=dtype)
         except RuntimeError as exc:  # e.g. bfloat16 on a GPU without it
-            raise ValueError(
+            raise AcceleratorValueError(
                 f"accelerator {accelerator!r} cannot autocast to {dtype}: {exc}"
             ) from None
     if not getattr(context, "_enabled", True):
         said = "; ".join(str(warning.message) for warning in caught) or "autocast disabled"
-        raise ValueError(
+        raise AcceleratorValueError(
             f"accelerator {accelerator!r} cannot autocast to {dtype} on device type "
             f"{device.type!r} (torch: {said}). Pass another dtype=, or leave it out for "
             f"the accelerator's default."
@@ -138,12 +137,12 @@ def requested_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
         named = getattr(torch, _SHORT_NAMES.get(name, name), None)
         if isinstance(named, torch.dtype):
             return named
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"autocast(dtype={dtype!r}): torch has no dtype of that name; pass a "
             f"torch.dtype such as torch.bfloat16, or a name: 'bfloat16' ('bf16'), "
             f"'float16' ('fp16'), 'float32' ('fp32')"
         )
-    raise TypeError(
+    raise AcceleratorTypeError(
         f"autocast(dtype=...) expects a torch.dtype such as torch.bfloat16, got "
         f"{type(dtype).__name__} ({dtype!r})"
     )

@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Any, Final, final
 import torch
 import torch.distributed as dist
 
+from accel.errors import AcceleratorRuntimeError
+from accel.training._async_save import wait_for_saves
+
 if TYPE_CHECKING:
     import torch
 
@@ -65,7 +68,7 @@ class PreemptionGuard:
 
     def __enter__(self) -> PreemptionGuard:
         if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError(
+            raise AcceleratorRuntimeError(
                 "preemption_guard() must be entered in the main thread: Python delivers "
                 "signals there only; enter it around the training loop in the main thread"
             )
@@ -99,6 +102,9 @@ class PreemptionGuard:
             if outer.received is None:
                 outer.received = self.received
             outer._requested = outer._requested or self._requested
+        # The loop leaves after its last save: the process may end as soon as this
+        # returns, so an asynchronous save must be complete first (and raise here).
+        wait_for_saves()
 
     def _note(self, number: int, frame: FrameType | None) -> None:
         self.received = number

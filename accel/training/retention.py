@@ -5,7 +5,9 @@ complete as soon as it has its name: :meth:`Accelerator.save` writes a temporary
 (``.step-000001200.pt.<host>.<pid>.accel-tmp``) and renames it, so a torn file never
 carries a checkpoint's name and these functions never see one. :func:`prune_checkpoints`
 runs after the new checkpoint is saved, so the old ones go only once the new one is
-complete (Accelerate's ``total_limit`` deletes them before).
+complete (Accelerate's ``total_limit`` deletes them before). A checkpoint an
+asynchronous save of this process is still writing is neither listed nor deleted
+until its write is durable, even once it has its name.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import re
 import shutil
 from pathlib import Path
 from typing import Final
+
+from accel.errors import AcceleratorValueError
+from accel.training._async_save import pending_paths
 
 __all__ = ["checkpoint_path", "latest_checkpoint", "list_checkpoints", "prune_checkpoints"]
 
@@ -27,7 +32,7 @@ def checkpoint_path(directory: str | os.PathLike[str], step: int) -> Path:
     :raises ValueError: ``step`` is negative.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"checkpoint_path: step must be an int >= 0, got {step!r}")
+        raise AcceleratorValueError(f"checkpoint_path: step must be an int >= 0, got {step!r}")
     return Path(os.fspath(directory)) / f"step-{step:09d}.pt"
 
 
@@ -38,9 +43,12 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
     root = Path(os.fspath(directory))
     if not root.is_dir():
         return []
+    writing = pending_paths()  # an asynchronous save's: complete only once it is durable
     found = []
     for entry in os.scandir(root):
         match = _NAME.match(entry.name)
+        if match and writing and os.path.abspath(entry.path) in writing:
+            continue
         # A file from acc.save, or a directory from accel.distributed.save_sharded.
         if match and (entry.is_file() or os.path.isfile(os.path.join(entry.path, ".metadata"))):
             found.append((int(match.group(1)), root / entry.name))
@@ -62,7 +70,7 @@ def prune_checkpoints(directory: str | os.PathLike[str], keep: int) -> list[Path
     :raises ValueError: ``keep`` is below 1 (the newest checkpoint is always kept).
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"prune_checkpoints: keep must be an int >= 1 (the newest checkpoint is always "
             f"kept), got {keep!r}"
         )

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from accel.errors import AcceleratorValueError
+
 __all__ = ["device_generators_of"]
 
 #: The keys of :meth:`Accelerator.rng_state`'s result.
@@ -36,7 +38,7 @@ def set_host_rng_state(state: dict[str, Any]) -> None:
 
     missing = [key for key in ("python", "numpy", "torch") if key not in state]
     if missing:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"set_rng_state: the state lacks {', '.join(map(repr, missing))} (got keys "
             f"{sorted(state)}); pass what acc.rng_state() returned"
         )

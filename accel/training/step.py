@@ -28,7 +28,12 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from accel._util.warn import CallerLine, caller_line, warn_at
+from accel.errors import AcceleratorTypeError, AcceleratorValueError, GradientSyncWarning
 
 __all__ = [
     "clip_grad_norm",
@@ -78,25 +83,25 @@ def checked_clip_arguments(
         params = list(parameters)
         strays = sorted({type(p).__name__ for p in params if not isinstance(p, torch.Tensor)})
         if strays:
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"clip_grad_norm_ expects parameters (model.parameters(), or a list of "
                 f"tensors); got an iterable containing {', '.join(strays)}"
             )
     else:
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"clip_grad_norm_ expects parameters (model.parameters(), or a list of "
             f"tensors), got {type(parameters).__name__}"
         )
     maximum = _number("max_norm", max_norm)
     if not maximum >= 0:  # also NaN
-        raise ValueError(
+        raise AcceleratorValueError(
             f"clip_grad_norm_(max_norm={max_norm!r}): the largest total norm allowed must "
             f"be >= 0 (torch would scale every gradient by a negative or NaN factor); "
             f"pass e.g. max_norm=1.0, or math.inf to measure the norm without clipping"
         )
     norm = _number("norm_type", norm_type)
     if not norm > 0:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"clip_grad_norm_(norm_type={norm_type!r}): the p of the p-norm must be > 0; "
             f"pass 2.0 (the default), 1.0, or math.inf for the largest magnitude"
         )
@@ -107,7 +112,7 @@ def _number(what: str, value: object) -> float:
     if isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
         return math.inf  # torch accepts norm_type="inf" too
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"clip_grad_norm_({what}=...) expects a number, got {type(value).__name__} ({value!r})"
         )
     return float(value)
@@ -124,7 +129,36 @@ def gradient_sync_paused(model: nn.Module, enabled: bool = True) -> AbstractCont
         return no_sync()  # type: ignore[no-any-return]
     if callable(getattr(model, "set_requires_gradient_sync", None)):  # FSDP2's fully_shard
         return _fsdp2_without_sync(model)
+    if dist.is_available() and dist.is_initialized():
+        # Nothing to skip on a plain module, unless it is the one a DDP wrapper wraps
+        # (``ddp.module``): that one's backward() all-reduces all the same.
+        return _watching_for_a_wrapper(model, caller_line())
     return nullcontext()
+
+
+@contextmanager
+def _watching_for_a_wrapper(model: nn.Module, caller: CallerLine | None) -> Iterator[None]:
+    """Warn, once, at the caller's line, if a DDP forward runs ``model`` in the block."""
+
+    def check(module: nn.Module, args: Any) -> None:
+        active = getattr(DistributedDataParallel, "_get_active_ddp_module", lambda: None)()
+        if active is not None and active.module is model:
+            handle.remove()
+            warn_at(
+                caller,
+                f"acc.no_sync() was given the {type(model).__name__} that a "
+                f"{type(active).__name__} wraps (its .module), so backward() still "
+                f"all-reduces the gradients on every micro-step (the results are right, "
+                f"the saving is lost). Pass the wrapper itself: acc.no_sync(ddp, ...), "
+                f"the model wrap_data_parallel() returned, not its .module.",
+                GradientSyncWarning,
+            )
+
+    handle = model.register_forward_pre_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextmanager
@@ -160,7 +194,7 @@ def checked_scaler(scaler: object, what: str) -> None:
     """
     missing = [name for name in _SCALER_METHODS if not callable(getattr(scaler, name, None))]
     if missing:
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"{what} expects a torch.amp.GradScaler (from acc.grad_scaler()) or None, got "
             f"{type(scaler).__name__}, which has no {', '.join(missing)}"
         )
@@ -279,13 +313,13 @@ def checked_step_arguments(optimizer: object, closure: object, scaler: object) -
                 if hasattr(optimizer, "get_last_lr")
                 else ""
             )
-            raise TypeError(
+            raise AcceleratorTypeError(
                 f"optimizer_step expects a torch.optim.Optimizer, got "
                 f"{type(optimizer).__name__}{hint}"
             )
         _OPTIMIZER_CLASSES.add(type(optimizer))
     if closure is not None and not callable(closure):
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"optimizer_step(closure=...) expects a callable that re-evaluates the "
             f"model and returns the loss, or None; got {type(closure).__name__}"
         )
@@ -293,7 +327,7 @@ def checked_step_arguments(optimizer: object, closure: object, scaler: object) -
         return
     checked_scaler(scaler, "optimizer_step(scaler=...)")
     if closure is not None and getattr(scaler, "is_enabled", lambda: True)():
-        raise ValueError(
+        raise AcceleratorValueError(
             "optimizer_step: a closure cannot be combined with an enabled GradScaler "
             "(torch's scaler.step() does not support closures); step without the "
             "closure, or pass scaler=None"
@@ -303,20 +337,22 @@ def checked_step_arguments(optimizer: object, closure: object, scaler: object) -
 def checked_no_sync_arguments(model: object, enabled: object) -> None:
     """:raises TypeError: ``model`` is not a module, or ``enabled`` not a bool."""
     if not isinstance(model, nn.Module):
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"no_sync expects the model being trained (a torch.nn.Module, e.g. the "
             f"DistributedDataParallel wrapper), got {type(model).__name__}"
         )
     if not isinstance(enabled, bool):
-        raise TypeError(f"no_sync(enabled=...) expects a bool, got {type(enabled).__name__}")
+        raise AcceleratorTypeError(
+            f"no_sync(enabled=...) expects a bool, got {type(enabled).__name__}"
+        )
 
 
 def checked_seed(seed: object) -> None:
     """:raises TypeError: not an int. :raises ValueError: outside torch's range."""
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"manual_seed expects an int seed, got {type(seed).__name__}")
+        raise AcceleratorTypeError(f"manual_seed expects an int seed, got {type(seed).__name__}")
     if not -(2**63) <= seed < 2**64:
-        raise ValueError(
+        raise AcceleratorValueError(
             f"manual_seed: seed {seed} is outside torch's range [-2**63, 2**64); "
             f"reduce it, e.g. seed % 2**63"
         )
@@ -325,7 +361,7 @@ def checked_seed(seed: object) -> None:
 def checked_loader(loader: object) -> None:
     """:raises TypeError: ``loader`` is not an iterable of batches."""
     if not isinstance(loader, Iterable) or isinstance(loader, (str, bytes)):
-        raise TypeError(
+        raise AcceleratorTypeError(
             f"device_loader expects an iterable of batches (a DataLoader), got "
             f"{type(loader).__name__}"
         )

@@ -346,7 +346,7 @@ def format_tie_failure(report: TieReport, device: object, *, raised: bool = True
         )
     else:
         lines.append("accel re-tied the groups it found before the move.")
-    if report.appeared:
+    if report.appeared and report.tie_weights_called:
         lines.append(
             "A new tie usually means a checkpoint saved untied was loaded with a config that "
             "ties (such as tie_word_embeddings=True): load it with the config its weights "
@@ -362,9 +362,15 @@ def format_tie_failure(report: TieReport, device: object, *, raised: bool = True
             "To move anyway, keeping the ties the model had before the move, pass "
             "tie_check='warn' (or 'off') to get_accelerator()."
         )
-    else:
+    elif report.kept_as_before:
         lines.append(
             "The move went ahead: the model keeps the ties and values it had before the "
             "move. Pass tie_check='off' to get_accelerator() to silence this warning."
+        )
+    else:
+        lines.append(
+            "The move went ahead, but accel could not bring the model back to the ties it "
+            "had before the move: it has the ties above. Pass tie_check='error' to "
+            "get_accelerator() to have such a move undone instead."
         )
     return "\n".join(lines)

@@ -13,21 +13,26 @@ what a move needs around it: hollowing out the duplicate slots, and the outcome 
 
 from __future__ import annotations
 
-import warnings
+from dataclasses import replace
 from typing import TYPE_CHECKING, Final, Literal
 
+import torch
+from torch import nn
+
+from accel._util.warn import warn_at_caller
 from accel.errors import TyingWarning, WeightTyingError
 from accel.tying import TieReport, TyingSnapshot, empty_duplicate_slots, format_tie_failure
+from accel.tying._slots import SlotContents
 
 if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
     from accel.types import MoveContext, TieCheck
 
-__all__ = ["begin_kept_move", "finish_kept_move", "outcome"]
+__all__ = ["MOVED_BY_NOTE", "begin_kept_move", "finish_kept_move", "outcome"]
 
 _NOTES_KEY: Final = "accel.tie_keeping"
+#: The key in a move's ``context.notes`` under which the hook caller names who
+#: answered ``model_to_device``, so that a tying error can name that plugin.
+MOVED_BY_NOTE: Final = "accel.moved_by"
 
 
 def begin_kept_move(model: nn.Module, context: MoveContext) -> None:
@@ -39,39 +44,60 @@ def begin_kept_move(model: nn.Module, context: MoveContext) -> None:
     if _NOTES_KEY in context.notes:
         return
     snapshot = TyingSnapshot.capture(model)
-    context.notes[_NOTES_KEY] = snapshot
+    # References to every slot's tensor (no copies), to take a tie apart that a
+    # plugin's move makes (see _separate_appeared).
+    context.notes[_NOTES_KEY] = (snapshot, SlotContents(model))
     # Each shared tensor then crosses to the device once, not once per slot: on a
     # GPT-2-sized model that is the difference between matching a bare move and
     # copying the embedding twice. A failed move restores the slots.
     empty_duplicate_slots(list(snapshot.groups))
 
 
-def finish_kept_move(
-    model: nn.Module, device: torch.device, context: MoveContext, *, stacklevel: int = 3
-) -> None:
+def finish_kept_move(model: nn.Module, device: torch.device, context: MoveContext) -> None:
     """After the move: re-tie, run the model's ``tie_weights()``, keep the ties the
     model had before the move, and report by ``context.tie_check`` (see :func:`outcome`).
-
-    :param stacklevel: of a :class:`TyingWarning`, passed to :func:`warnings.warn`
-        (1 is this function).
+    A :class:`TyingWarning` points at the user's line, however deep the call.
     """
-    snapshot: TyingSnapshot | None = context.notes.pop(_NOTES_KEY, None)
-    if snapshot is None:
+    kept: tuple[TyingSnapshot, SlotContents] | None = context.notes.pop(_NOTES_KEY, None)
+    if kept is None:
         return  # not a kept move, or already finished
+    snapshot, before = kept
     report = snapshot.finish_move(model)
     what = outcome(report, context.tie_check)
+    if what != "error" and not report.kept_as_before:
+        # The move goes ahead: with the ties of before, whatever made the new ones (a
+        # plugin's move tying slots re-tying cannot separate), and with their values.
+        report = replace(report, kept_as_before=_separate_appeared(model, snapshot, before))
     if what == "ok":
         return
     if what == "warn":
-        message = format_tie_failure(report, device, raised=False)
-        warnings.warn(message, TyingWarning, stacklevel=stacklevel)
+        message = _blaming(format_tie_failure(report, device, raised=False), report, context)
+        warn_at_caller(message, TyingWarning)
         return
     raise WeightTyingError(
-        format_tie_failure(report, device),
+        _blaming(format_tie_failure(report, device), report, context),
         count_before=report.count_before,
         count_after=report.count_after,
         broken_groups=[group.names for group in report.broken],
         appeared_groups=[group.names for group in report.appeared],
+    )
+
+
+def _blaming(message: str, report: TieReport, context: MoveContext) -> str:
+    """``message`` naming the plugin whose move changed the ties, where it was a plugin's.
+
+    Pre-move hooks ran before the snapshot (what they did is the truth), post-move hooks
+    run after the check, and re-tying undoes what a move unties: what is left came from
+    the model's own ``tie_weights()`` (the message says so) or from the move itself.
+    """
+    mover = context.notes.get(MOVED_BY_NOTE)
+    if mover is None or report.tie_weights_undone:
+        return message
+    first, _, rest = message.partition("\n")
+    return (
+        f"{first}\nThe ties were changed by the model_to_device hook of {mover}, in a way "
+        f"re-tying the groups of before cannot undo. Report this to the plugin's authors."
+        f"\n{rest}"
     )
 
 
@@ -90,3 +116,45 @@ def outcome(report: TieReport, tie_check: TieCheck) -> Literal["ok", "warn", "er
     if report.appeared and not report.broken and report.kept_as_before:
         return "warn"
     return "warn" if tie_check == "warn" else "error"
+
+
+def _separate_appeared(model: nn.Module, snapshot: TyingSnapshot, before: SlotContents) -> bool:
+    """Give the slots of every tie that appeared the tensors they held before the move
+    (``before``), on the device the move put them on, shared as they were shared then;
+    return whether the model then has exactly the snapshot's ties.
+
+    A tensor on that device already (moved in place) goes back itself; one the move
+    left behind (it built new tensors, as to XLA) comes back as a copy on the device,
+    with the values it has kept.
+    """
+    appeared = snapshot.check(model).appeared
+    if not appeared:
+        return False  # what differs is no new tie (reported as it is)
+    held = {
+        (id(module), name, kind): tensor
+        for module, parameters, buffers, _ in before.modules()
+        for kind, slots in (("parameter", parameters), ("buffer", buffers))
+        for name, tensor in slots.items()
+        if tensor is not None
+    }
+    for group in appeared:
+        shared = group.tensors()[0]
+        if shared is None:
+            continue
+        again: dict[int, torch.Tensor] = {}  # id(tensor before) -> what goes back
+        for module, name, kind in group.slots:
+            original = held.get((id(module), name, kind))
+            if original is None:
+                continue  # a slot the move added: nothing to give back
+            back = again.get(id(original))
+            if back is None:
+                back = original
+                if original.device != shared.device:
+                    with torch.no_grad():
+                        back = original.detach().to(shared.device, copy=True)
+                    if isinstance(original, nn.Parameter):
+                        back = nn.Parameter(back, requires_grad=original.requires_grad)
+                again[id(original)] = back
+            slots = module._parameters if kind == "parameter" else module._buffers
+            slots[name] = back  # type: ignore[assignment]
+    return snapshot.check(model).ok

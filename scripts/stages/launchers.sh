@@ -5,8 +5,9 @@
 # munged, slurmctld and slurmd from a private directory with their own config, key,
 # socket and loopback ports, waits for the node to be idle, runs
 # tests/distributed/test_real_launchers.py (pytest marker `launchers`) against them,
-# and stops exactly the daemons it started, by the pids it recorded. 2.5 minutes on
-# 2 idle cores, nearer 4 on a busy machine.
+# and stops exactly the daemons it started, by the pids it recorded. 4 minutes on
+# 2 idle cores (the preemption test's requeued job 1.5 of them), nearer 5.5 on a busy
+# machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo="$(pwd)"
@@ -135,7 +136,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$dir/munge.sock
+# cred_expire: a requeued job waits this long before it may start again (120 s by
+# default); the preemption test requeues its job once.
+AuthInfo=socket=$dir/munge.sock,cred_expire=15
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid
@@ -147,6 +150,9 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/builtin
+# A requeued job becomes eligible when its wait ends, which no event announces: the
+# main scheduling loop (every 60 s by default) starts it.
+SchedulerParameters=sched_interval=2
 MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
@@ -155,6 +161,11 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 InactiveLimit=0
 KillWait=5
+# The preemption test's job has a 1-minute limit and is signalled up to 60 s early
+# (SLURM's resolution): a minute past the limit before the job is killed, so that a
+# late signal still leaves time to save and requeue.
+OverTimeLimit=1
+JobRequeue=1
 MinJobAge=5
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=$memory_mb State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP

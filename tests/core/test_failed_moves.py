@@ -221,3 +221,65 @@ def test_in_swap_mode_only_edits_of_the_originals_are_named(when: str) -> None:
         assert note.endswith("(accel keeps no copies of values): linear.weight.")
     else:  # the moved copy was rescaled, and dropped
         assert "the model was restored as it was before the move" in note
+
+
+class SwappingMover:
+    """An accelerator whose move turns torch's swap mode on itself (the Parameter objects
+    keep their identity, their contents are swapped), optionally rescales a weight
+    before it, and then fails."""
+
+    def __init__(self, *, edit_before: bool) -> None:
+        self.edit_before = edit_before
+
+    @accel.hookimpl
+    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+        return [accel.AcceleratorSpec("swapper")]
+
+    @accel.hookimpl
+    def is_available(self) -> accel.Availability:
+        return accel.Availability(True)
+
+    @accel.hookimpl
+    def get_device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @accel.hookimpl
+    def model_to_device(self, model: nn.Module, device: torch.device) -> nn.Module:
+        if self.edit_before:
+            _rescale(model)
+        before = torch.__future__.get_swap_module_params_on_conversion()
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        try:
+            return model.to(torch.float64)
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(before)
+
+    @accel.hookimpl
+    def post_move_hook(self, model: nn.Module) -> None:
+        raise RuntimeError("validation failed")
+
+
+@pytest.mark.parametrize("edit_before", [False, True])
+def test_a_move_that_swaps_in_its_own_hook_is_reported_as_restored_exactly(
+    edit_before: bool,
+) -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    registry.register(SwappingMover(edit_before=edit_before))
+    model = WithNorm()
+    model.linear.weight.grad = torch.ones(4, 4)
+    parameters = list(model.parameters())
+    before = _values(model)
+    note = _failed_move(registry.get_accelerator("swapper"), model)
+    assert list(model.parameters()) == parameters  # the same objects
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert model.linear.weight.grad is not None
+    assert torch.equal(model.linear.weight.grad, torch.ones(4, 4))
+    for name, value in model.state_dict().items():
+        expected = before[name] * 2 if edit_before and name == "linear.weight" else before[name]
+        assert torch.equal(value, expected), name
+    if edit_before:
+        assert "1 tensor was changed in place during the move and keeps" in note
+        assert note.endswith("(accel keeps no copies of values): linear.weight.")
+    else:
+        assert "the model was restored as it was before the move" in note
+        assert "no tensor was changed in place" in note

@@ -21,16 +21,20 @@ class _Distribution:
         self.version = "1.0"
 
 
-def _registry(monkeypatch: pytest.MonkeyPatch, *classes: str) -> accel.AcceleratorRegistry:
-    """A registry with the built-ins and fake entry points for ``classes``."""
+def _registry(
+    monkeypatch: pytest.MonkeyPatch, *classes: str, distributions: tuple[str, ...] = ()
+) -> accel.AcceleratorRegistry:
+    """A registry with the built-ins and fake entry points for ``classes``, each from the
+    distribution ``accel-CLASS`` or, given, from ``distributions`` (loaded in name order)."""
     found = []
-    for cls in classes:
+    for index, cls in enumerate(classes):
         entry_point = importlib.metadata.EntryPoint(
             cls.lower(), f"helpers.claiming_plugins:{cls}", GROUP
         )
         # Each from a distribution of its own, as installed plugins are (the way
         # importlib.metadata itself attaches one).
-        vars(entry_point).update(dist=_Distribution(f"accel-{cls.lower()}"))
+        name = distributions[index] if distributions else f"accel-{cls.lower()}"
+        vars(entry_point).update(dist=_Distribution(name))
         found.append(entry_point)
     real = importlib.metadata.entry_points
 
@@ -123,3 +127,40 @@ def test_a_plugin_kept_out_by_a_dispute_is_not_said_to_be_registered(
     with pytest.raises(accel.PluginError, match="claimed by 2 installed plugins"):
         registry.get_accelerator("vendora")
     assert registry.get_accelerator("cpu").name == "cpu"  # the built-ins are untouched
+
+
+@pytest.mark.parametrize("aliased_first", [True, False])
+def test_an_alias_of_a_disputed_name_is_disputed_whichever_plugin_loads_first(
+    monkeypatch: pytest.MonkeyPatch, aliased_first: bool
+) -> None:
+    first, second = ("accel-a-npx", "accel-b-npx")
+    registry = _registry(
+        monkeypatch,
+        "NpxAliased",
+        "NpxPlain",
+        distributions=(first, second) if aliased_first else (second, first),
+    )
+    _load(registry)
+    for name in ("npx", "neuralpx", "NeuralPX:0"):
+        with pytest.raises(accel.PluginError) as info:
+            registry.get_accelerator(name)
+        message = str(info.value)
+        assert f"cannot select {name!r}" in message
+        assert "'npx' is claimed by 2 installed plugins" in message
+        assert "accel-a-npx 1.0" in message and "accel-b-npx 1.0" in message
+    (failure,) = registry.plugin_failures()
+    assert failure.conflicting_names == (("npx",) if aliased_first else ("npx", "neuralpx"))
+    assert registry.get_accelerator("cpu").name == "cpu"
+
+
+def test_the_failure_record_names_every_disputed_name_aliases_included(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    registry = _registry(monkeypatch, "VendorXOne", "VendorXTwo")
+    _load(registry)
+    (failure,) = registry.plugin_failures()
+    assert failure.name == "vendorxtwo"
+    assert failure.conflicting_names == ("vendorx", "vx")
+    for name in ("vendorx", "vx"):
+        with pytest.raises(accel.PluginError, match="'vendorx' is claimed by 2 installed plugins"):
+            registry.get_accelerator(name)

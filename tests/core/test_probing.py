@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
+import os
 from typing import Any
 
 import pytest
@@ -11,6 +11,7 @@ import torch
 
 import accel
 from accel.plugins import tpu
+from helpers.fake_torch_xla import pretend_torch_xla
 from helpers.processes import run_python
 from helpers.registries import isolated_registry
 
@@ -79,25 +80,7 @@ def test_tpu_without_torch_xla_says_what_to_install(monkeypatch: pytest.MonkeyPa
 @pytest.fixture
 def torch_xla_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pretend torch_xla is installed, but make importing it fail loudly."""
-    real_find_spec = importlib.util.find_spec
-
-    def find_spec(name: str, *args: Any) -> Any:
-        if name == "torch_xla":
-            return importlib.machinery.ModuleSpec("torch_xla", None)
-        return real_find_spec(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    monkeypatch.delitem(sys.modules, "torch_xla", raising=False)
-    monkeypatch.setattr(sys, "meta_path", [_BrokenTorchXla(), *sys.meta_path])
-    monkeypatch.setattr(tpu, "tpu_hardware_present", lambda: False)
-
-
-class _BrokenTorchXla:
-    """Import finder failing like a torch_xla built for another torch does."""
-
-    def find_spec(self, name: str, *args: Any) -> None:
-        if name == "torch_xla" or name.startswith("torch_xla."):
-            raise ImportError("_XLAC.so: undefined symbol: _ZN5torch8autograd")
+    pretend_torch_xla(monkeypatch, pjrt=os.environ.get("PJRT_DEVICE"))
 
 
 def test_tpu_without_pjrt_device_says_to_set_it(

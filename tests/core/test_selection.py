@@ -91,7 +91,7 @@ def test_empty_name_is_a_value_error(registry: accel.AcceleratorRegistry, name: 
 
 @pytest.mark.parametrize("name", [0, 1.5, b"cpu", ["cpu"], torch.device("cpu")])
 def test_non_string_name_is_a_type_error(registry: accel.AcceleratorRegistry, name: object) -> None:
-    with pytest.raises(TypeError, match="must be a str"):
+    with pytest.raises(TypeError, match=r"must be a name \(a str such as"):
         registry.get_accelerator(name)  # type: ignore[arg-type]
 
 
@@ -379,3 +379,111 @@ def test_auto_passes_over_a_plugin_whose_device_count_raises() -> None:
     assert rows["npu"].reason == "device_count failed: OSError: smi gone"
     with pytest.raises(OSError, match="smi gone"):
         registry.get_accelerator("npu")  # by name: the plugin's own error
+
+
+class _RecordingNpu(FakeAccelerator):
+    """Records its probes and devices: asking for the backend must need neither."""
+
+    @accel.hookimpl
+    def is_available(self) -> accel.Availability:
+        self.calls.append("is_available")
+        return accel.Availability(True)
+
+    @accel.hookimpl
+    def get_device(self, index: int | None) -> torch.device:
+        self.calls.append("get_device")
+        return torch.device("cpu")
+
+    @accel.hookimpl
+    def distributed_backend(self) -> str:
+        return "hccl"
+
+
+def test_distributed_backends_come_from_declarations_without_probing_or_a_device() -> None:
+    npu = _RecordingNpu("npu", aliases=("ascend",))
+    registry = isolated_registry(npu)
+    assert registry.distributed_backends("ASCEND:0") == {"npu": "hccl"}
+    assert registry.distributed_backends("gpu") == {"cuda": "nccl", "mps": "cpu:gloo"}
+    assert registry.distributed_backends("cpu") == {"cpu": "gloo"}
+    assert npu.calls == []
+    registry.get_accelerator("npu")  # the recording works: selecting probes
+    assert npu.calls == ["is_available", "get_device"]
+    with pytest.raises(ValueError, match="'auto' is decided by probing the machine"):
+        registry.distributed_backends("auto")
+    with pytest.raises(accel.AcceleratorNotFoundError, match="unknown accelerator 'npx'"):
+        registry.distributed_backends("npx")
+
+
+class _NonsenseDevice(FakeAccelerator):
+    @accel.hookimpl
+    def get_device(self, index: int | None) -> Any:
+        return "npu:0"  # a string, not a torch.device
+
+
+class _RaisingDevice(FakeAccelerator):
+    @accel.hookimpl
+    def get_device(self, index: int | None) -> torch.device:
+        raise RuntimeError("driver says no")
+
+
+def test_auto_passes_over_a_plugin_whose_get_device_returns_nonsense_or_raises() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(_NonsenseDevice("npu", priority=500))
+    registry.register(_RaisingDevice("npx", priority=450))
+    registry.register(FakeAccelerator("second", priority=400))
+    assert registry.get_accelerator("auto").name == "second"
+    rows = {row.name: row for row in registry.list_accelerators()}
+    assert not rows["npu"].available and not rows["npx"].available
+    assert rows["npu"].reason.startswith(
+        "get_device failed: PluginError: hook 'get_device' for accelerator 'npu' returned "
+        "str ('npu:0'); expected device"
+    )
+    assert rows["npx"].reason == "get_device failed: RuntimeError: driver says no"
+    assert "report this to its authors" in rows["npu"].remedy
+    assert rows["second"].available
+    with pytest.raises(accel.PluginError, match="returned str"):
+        registry.get_accelerator("npu")  # by name: the error itself
+    with pytest.raises(RuntimeError, match="driver says no"):
+        registry.get_accelerator("npx")
+
+
+def test_a_reason_ending_in_a_period_gets_no_second_one() -> None:
+    class AnswersTrue(FakeAccelerator):
+        @accel.hookimpl
+        def is_available(self) -> Any:
+            return True  # not an Availability: the reason is a sentence of its own
+
+    registry = isolated_registry(AnswersTrue("npu"))
+    with pytest.raises(accel.AcceleratorUnavailableError) as info:
+        registry.get_accelerator("npu")
+    message = str(info.value)
+    assert "Report this to the plugin's authors. To use it: fix the plugin" in message
+    assert ".." not in message
+
+
+# -- "a handle or a name": one rule, the registry's ------------------------------------
+
+
+def test_a_registry_returns_its_own_handle_and_refuses_another_registrys() -> None:
+    mine, other = isolated_registry(), isolated_registry()
+    handle = mine.get_accelerator("cpu")
+    assert mine.get_accelerator(handle) is handle
+    with pytest.raises(accel.AcceleratorValueError, match="belongs to another registry"):
+        other.get_accelerator(handle)
+    # Without a registry, a handle is used as it is, whichever registry selected it.
+    assert accel.get_accelerator(handle) is handle
+
+
+def test_every_handle_or_name_argument_follows_the_registrys_rule() -> None:
+    import accel.distributed._devices as devices
+    from accel.integrations.lightning import AccelAccelerator
+
+    mine, other = isolated_registry(), isolated_registry()
+    handle = mine.get_accelerator("cpu")
+    assert devices.resolve_accelerator(handle, mine) is handle
+    assert devices.resolve_accelerator(handle, None) is handle
+    assert AccelAccelerator(handle, registry=mine).handle() is handle
+    with pytest.raises(accel.AcceleratorValueError, match="belongs to another registry"):
+        devices.resolve_accelerator(handle, other)
+    with pytest.raises(accel.AcceleratorValueError, match="belongs to another registry"):
+        AccelAccelerator(handle, registry=other)

@@ -82,7 +82,7 @@ def test_nccl_workers_never_share_a_device() -> None:
 
 
 def test_accelerator_argument_is_type_checked() -> None:
-    with pytest.raises(TypeError, match=r"accel\.Accelerator, a name"):
+    with pytest.raises(TypeError, match=r"or an accel\.Accelerator handle, got int"):
         adist.local_accelerator(3, None)  # type: ignore[arg-type]
 
 

@@ -1,5 +1,7 @@
 """accel.distributed under the real launchers: Open MPI's ``mpirun`` and SLURM's ``srun``
-and ``sbatch``, each training the tied model with DDP (gloo) on this machine.
+and ``sbatch``, each training the tied model with DDP (gloo) on this machine; and a
+batch job preempted by its time limit's signal, requeued by its own script, resuming
+exactly.
 
 Run by ``bash scripts/test launchers`` (scripts/stages/launchers.sh), which starts a
 private munged, slurmctld and slurmd and exports ``SLURM_CONF``; deselected from the
@@ -11,6 +13,7 @@ kept, world size 2, ranks {0, 1}, the launcher accel recorded, and the port it u
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -18,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+import accel
 from helpers.distributed import (  # noqa: F401  (an autouse fixture)
     SCRIPTS,
     free_port,
@@ -46,7 +51,9 @@ TRAIN = [sys.executable, str(SCRIPTS / "train_tied.py"), "cpu"]
 PORT_BASE, PORT_SPAN, STEPS_PER_JOB = 20000, 19997, 100
 
 
-def launch(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def launch(
+    command: list[str], env: dict[str, str], timeout: float = LAUNCH_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
     """Run a launcher command, output merged; kill its process group on timeout."""
     process = subprocess.Popen(
         command,
@@ -57,11 +64,11 @@ def launch(command: list[str], env: dict[str, str]) -> subprocess.CompletedProce
         start_new_session=True,
     )
     try:
-        output, _ = process.communicate(timeout=LAUNCH_TIMEOUT_S)
+        output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, 9)
         output, _ = process.communicate()
-        pytest.fail(f"{command[0]} did not finish in {LAUNCH_TIMEOUT_S} s:\n{output[-4000:]}")
+        pytest.fail(f"{command[0]} did not finish in {timeout} s:\n{output[-4000:]}")
     return subprocess.CompletedProcess(command, process.returncode, output, "")
 
 
@@ -227,3 +234,72 @@ def test_two_concurrent_steps_of_one_job_get_ports_of_their_own(tmp_path: Path) 
         for reports in by_step
     )
     assert a_start < b_end and b_start < a_end, "the two steps did not run at the same time"
+
+
+#: The preempted job's script, as docs/training.md shows it (the directives are on the
+#: sbatch command line here): the run saves and leaves on SIGUSR1, and the script
+#: requeues the job unless the run finished or failed.
+PREEMPTED_JOB = """#!/bin/bash
+echo "job $SLURM_JOB_ID run ${{SLURM_RESTART_COUNT:-0}}"
+srun {train}
+status=$?
+if [ $status -eq 0 ] && [ ! -e {directory}/final.pt ]; then
+    echo "stopped early: requeueing"
+    scontrol requeue "$SLURM_JOB_ID"
+fi
+exit $status
+"""
+#: The steps of the preempted run: at SLOW_STEP_S a step, longer than the job's minute.
+PREEMPTED_STEPS = "150"
+
+
+def test_the_time_limits_signal_saves_requeues_and_the_job_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    resumable = [sys.executable, str(SCRIPTS / "resumable_ranks.py"), "ddp"]
+    reference = tmp_path / "reference"
+    result = launch(
+        ["srun", "-n2", *SLURM_LIMIT, *resumable, str(reference), PREEMPTED_STEPS],
+        worker_env(SEED_PER_RANK="1"),
+    )
+    assert result.returncode == 0, result.stdout[-4000:]
+
+    run = tmp_path / "run"
+    script = tmp_path / "job.sh"
+    train = " ".join([*resumable, str(run), PREEMPTED_STEPS])
+    script.write_text(PREEMPTED_JOB.format(train=train, directory=run))
+    output = tmp_path / "job.out"
+    # A minute's limit; SIGUSR1 to the job's steps 10 s before it, which SLURM sends at
+    # its next 30-second check once within 40 s of the end (20-50 s after the start).
+    # The first run sleeps 0.4 s a step (60 s in all), so the signal finds it training;
+    # the requeued one waits cred_expire (15 s, the stage's slurm.conf) and runs at
+    # full speed.
+    options = ["--time=1", "--signal=USR1@10", "--requeue", "--open-mode=append", "-n2"]
+    result = launch(
+        ["sbatch", "--wait", *options, f"--output={output}", str(script)],
+        worker_env(SEED_PER_RANK="1", SLOW_STEP_S="0.4"),
+        timeout=300,
+    )
+    job_output = output.read_text() if output.exists() else ""
+    assert result.returncode == 0, (result.stdout + job_output)[-4000:]
+
+    runs = re.findall(r"^job \d+ run (\d+)$", job_output, flags=re.MULTILINE)
+    assert runs == ["0", "1"], job_output[-4000:]  # requeued once, by the script
+    assert job_output.count("stopped early: requeueing") == 1
+    assert job_output.count("noted SIGUSR1") == 2  # both ranks, from SLURM's --signal
+    saved = re.findall(r"rank (\d) preempted: saved step (\d+)", job_output)
+    assert sorted(rank for rank, _ in saved) == ["0", "1"]
+    [step] = {int(step) for _, step in saved}  # the same step on both ranks
+    assert 0 < step < int(PREEMPTED_STEPS)
+    assert job_output.count(f"resumed from step-{step:09d}.pt at step {step}") == 2
+
+    cpu = accel.get_accelerator("cpu")
+    resumed, uninterrupted = cpu.load(run / "final.pt"), cpu.load(reference / "final.pt")
+    assert resumed["model"].keys() == uninterrupted["model"].keys()
+    for name, value in uninterrupted["model"].items():
+        assert torch.equal(resumed["model"][name], value), name
+    for rank in (0, 1):  # every rank's own generators came back
+        mine = torch.load(run / f"final-rank{rank}.pt", weights_only=True)
+        expected = torch.load(reference / f"final-rank{rank}.pt", weights_only=True)
+        for name, value in expected["rng"].items():
+            assert torch.equal(mine["rng"][name], value), (rank, name)

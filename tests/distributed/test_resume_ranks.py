@@ -81,3 +81,56 @@ def test_sigterm_to_one_rank_makes_both_save_the_same_step_and_exit_0(tmp_path: 
     assert code == 0, output
     assert output.count("resumed from step-000000005.pt at step 5") == 2
     _assert_equal(_final(run), reference)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_ranks_seeded_apart_resume_with_their_own_generators(mode: str, tmp_path: Path) -> None:
+    # Dropout and the loss scale draw from generators seeded per rank: resumed with
+    # rank 0's generators (what a checkpoint used to hold), rank 1 would draw rank 0's
+    # masks and scales, and the parameters would differ.
+    code, output = _launch(mode, tmp_path / "reference", SEED_PER_RANK="1")
+    assert code == 0, output
+    run = tmp_path / "run"
+    code, output = _launch(mode, run, SEED_PER_RANK="1", KILL_AFTER_STEP="5")
+    assert code != 0, output
+    assert [p.name for p in list_checkpoints(run)] == ["step-000000003.pt"]
+    code, output = _launch(mode, run, SEED_PER_RANK="1")
+    assert code == 0, output
+    assert output.count("resumed from step-000000003.pt at step 3") == 2
+    assert "generators of" not in output  # the same world size: no resharding warning
+
+    finals = {}
+    for rank in (0, 1):
+        resumed = torch.load(run / f"final-rank{rank}.pt", weights_only=True)
+        reference = torch.load(tmp_path / "reference" / f"final-rank{rank}.pt", weights_only=True)
+        _assert_equal(resumed["model"], reference["model"])
+        for name, value in reference["rng"].items():
+            assert torch.equal(resumed["rng"][name], value), (rank, name)
+        finals[rank] = reference["rng"]
+    for name in ("torch", "python", "numpy"):  # the ranks did draw apart
+        assert not torch.equal(finals[0][name], finals[1][name]), name
+
+
+def test_torchrun_restarts_a_job_whose_rank_was_killed_and_it_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    code, output = _launch("ddp", tmp_path / "reference", SEED_PER_RANK="1")
+    assert code == 0, output
+    reference = _final(tmp_path / "reference")
+
+    run = tmp_path / "run"
+    # Rank 1 alone is SIGKILLed after step 5 (the step-3 checkpoint written): torchrun
+    # stops rank 0, starts both again, and they resume from the step-3 checkpoint.
+    done = run_torchrun(
+        ["--max-restarts", "1", SCRIPT, "ddp", str(run)],
+        env=worker_env(SEED_PER_RANK="1", KILL_AFTER_STEP="5", KILL_RANK="1"),
+    )
+    assert done.returncode == 0, done.stdout
+    assert re.search(r"exitcode\s*:\s*-9", done.stdout), done.stdout  # the kill torchrun saw
+    assert done.stdout.count("resumed from step-000000003.pt at step 3") == 2, done.stdout
+    _assert_equal(_final(run), reference)
+    for rank in (0, 1):
+        resumed = torch.load(run / f"final-rank{rank}.pt", weights_only=True)
+        expected = torch.load(tmp_path / "reference" / f"final-rank{rank}.pt", weights_only=True)
+        for name, value in expected["rng"].items():
+            assert torch.equal(resumed["rng"][name], value), (rank, name)

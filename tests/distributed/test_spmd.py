@@ -85,3 +85,32 @@ def test_init_spmd_without_torch_xla_says_what_to_install(
 def test_shard_batch_needs_init_spmd() -> None:
     with pytest.raises(adist.DistributedSetupError, match=r"call it first"):
         adist.shard_batch(torch.zeros(2))
+
+
+@pytest.mark.xla
+@pytest.mark.parametrize("name", ["cpu", "CPU:0"])
+def test_init_spmd_refuses_a_name_that_is_not_xla_before_switching_spmd_on(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch_xla.runtime as xr
+
+    switched: list[object] = []
+    monkeypatch.setattr(xr, "use_spmd", lambda *a, **k: switched.append(a))
+    with pytest.raises(adist.DistributedSetupError, match="'cpu' uses the 'gloo' backend"):
+        adist.init_spmd(name)
+    assert switched == [] and not xr.is_spmd()
+    assert adist.current_spmd_context() is None
+
+
+def test_init_spmd_checks_the_name_before_it_needs_torch_xla(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch_xla", None)  # refused before it is imported
+    with pytest.raises(adist.DistributedSetupError, match="'cpu' uses the 'gloo' backend"):
+        adist.init_spmd("cpu")
+    with pytest.raises(accel.AcceleratorNotFoundError, match="unknown accelerator 'tpx'"):
+        adist.init_spmd("tpx")
+    monkeypatch.setenv("ACCEL_ACCELERATOR", "cpu")
+    with pytest.raises(adist.DistributedSetupError, match="'cpu' uses the 'gloo' backend"):
+        adist.init_spmd(None)
+    assert adist.current_spmd_context() is None

@@ -32,6 +32,8 @@ import accel.distributed
 import accel.distributed._launchers as launchers
 from accel.distributed import DistributedSetupError
 from accel.plugins import tpu
+from accel.training._rank_generators import RECORD_KEY
+from helpers.fake_torch_xla import pretend_torch_xla
 from helpers.fakes import MetaTpuPlugin
 from helpers.installing import write_distribution
 from helpers.models import TiedLM, UntiesOnPurpose
@@ -117,6 +119,8 @@ class Case:
     bug: str | None = None
     #: Some fragments live in exception notes, which exist from Python 3.11.
     needs_notes: bool = False
+    #: Needs Ray Train installed: runs in `bash scripts/test ray` (marker ``ray``).
+    needs_ray: bool = False
 
 
 CASES: dict[str, Case] = {}
@@ -128,10 +132,11 @@ def case(
     *,
     bug: str | None = None,
     needs_notes: bool = False,
+    needs_ray: bool = False,
 ) -> Callable[[Trigger], Trigger]:
     def register(trigger: Trigger) -> Trigger:
         assert case_id not in CASES, f"two cases named {case_id!r}"
-        CASES[case_id] = Case(case_id, trigger, expected, bug, needs_notes)
+        CASES[case_id] = Case(case_id, trigger, expected, bug, needs_notes, needs_ray)
         return trigger
 
     return register
@@ -192,31 +197,8 @@ def _broken_entry_point() -> importlib.metadata.EntryPoint:
     )
 
 
-class _BrokenTorchXla:
-    """A meta-path finder failing like a torch_xla built for another torch."""
-
-    def find_spec(self, name: str, *args: Any) -> None:
-        if name == "torch_xla" or name.startswith("torch_xla."):
-            raise ImportError("_XLAC.so: undefined symbol: _ZN5torch8autograd")
-
-
 def _torch_xla(monkeypatch: pytest.MonkeyPatch, *, installed: bool, pjrt: str | None) -> None:
-    """Pretend torch_xla is (not) installed, with importing it failing, and no TPU here."""
-    real_find_spec = importlib.util.find_spec
-
-    def find_spec(name: str, *args: Any) -> Any:
-        if name == "torch_xla":
-            return importlib.machinery.ModuleSpec("torch_xla", None) if installed else None
-        return real_find_spec(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    monkeypatch.delitem(sys.modules, "torch_xla", raising=False)
-    monkeypatch.setattr(sys, "meta_path", [_BrokenTorchXla(), *sys.meta_path])
-    monkeypatch.setattr(tpu, "tpu_hardware_present", lambda: False)
-    if pjrt is None:
-        monkeypatch.delenv("PJRT_DEVICE", raising=False)
-    else:
-        monkeypatch.setenv("PJRT_DEVICE", pjrt)
+    pretend_torch_xla(monkeypatch, installed=installed, pjrt=pjrt)
 
 
 def _listed(registry: accel.AcceleratorRegistry, name: str) -> accel.AcceleratorInfo:
@@ -248,12 +230,12 @@ def _name_full_width(mp: pytest.MonkeyPatch) -> object:
     return acc
 
 
-@case("name-empty", ValueError)
+@case("name-empty", accel.AcceleratorValueError)
 def _name_empty(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("")
 
 
-@case("name-whitespace", ValueError)
+@case("name-whitespace", accel.AcceleratorValueError)
 def _name_whitespace(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("   ")
 
@@ -267,17 +249,23 @@ def _name_none(mp: pytest.MonkeyPatch) -> object:
     return None
 
 
-@case("name-int", TypeError)
+@case("name-int", accel.AcceleratorTypeError)
 def _name_int(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator(0)  # type: ignore[arg-type]
 
 
-@case("name-bytes", TypeError)
+@case("handle-of-another-registry", accel.AcceleratorValueError)
+def _handle_of_another_registry(mp: pytest.MonkeyPatch) -> object:
+    handle = isolated_registry().get_accelerator("cpu")
+    return isolated_registry().get_accelerator(handle)
+
+
+@case("name-bytes", accel.AcceleratorTypeError)
 def _name_bytes(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator(b"cpu")  # type: ignore[arg-type]
 
 
-@case("name-torch-device", TypeError)
+@case("name-torch-device", accel.AcceleratorTypeError)
 def _name_torch_device(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator(torch.device("cuda", 1))  # type: ignore[arg-type]
 
@@ -308,32 +296,32 @@ def _index_beyond_count(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("cpu:1")
 
 
-@case("index-not-a-number", ValueError)
+@case("index-not-a-number", accel.AcceleratorValueError)
 def _index_not_a_number(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("cpu:x")
 
 
-@case("index-negative", ValueError)
+@case("index-negative", accel.AcceleratorValueError)
 def _index_negative(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("cpu:-1")
 
 
-@case("index-missing", ValueError)
+@case("index-missing", accel.AcceleratorValueError)
 def _index_missing(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("cpu:")
 
 
-@case("index-twice", ValueError)
+@case("index-twice", accel.AcceleratorValueError)
 def _index_twice(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("cpu:0:1")
 
 
-@case("index-non-ascii-digit", ValueError)
+@case("index-non-ascii-digit", accel.AcceleratorValueError)
 def _index_non_ascii_digit(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("cpu:²")
 
 
-@case("index-on-auto", ValueError)
+@case("index-on-auto", accel.AcceleratorValueError)
 def _index_on_auto(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("auto:0")
 
@@ -347,7 +335,7 @@ def _env_unknown(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator()
 
 
-@case("env-malformed", ValueError)
+@case("env-malformed", accel.AcceleratorValueError)
 def _env_malformed(mp: pytest.MonkeyPatch) -> object:
     mp.setenv("ACCEL_ACCELERATOR", "cpu:x")
     return isolated_registry().get_accelerator()
@@ -412,7 +400,7 @@ def _env_plugins_separators(mp: pytest.MonkeyPatch) -> object:
     return names
 
 
-@case("env-auto-index", ValueError)
+@case("env-auto-index", accel.AcceleratorValueError)
 def _env_auto_index(mp: pytest.MonkeyPatch) -> object:
     mp.setenv("ACCEL_ACCELERATOR", "auto:0")
     return isolated_registry().get_accelerator()
@@ -440,12 +428,27 @@ def _step_autocast_float32(monkeypatch: pytest.MonkeyPatch) -> object:
     return None
 
 
-@case("step-autocast-dtype-name", TypeError)
+@case("step-autocast-dtype-name", accel.AcceleratorTypeError)
 def _step_autocast_dtype_name(monkeypatch: pytest.MonkeyPatch) -> object:
     return _stepping()[0].autocast("float8")
 
 
-@case("step-clip-model", TypeError)
+@case("step-no-sync-ddp-module", accel.errors.GradientSyncWarning)
+def _step_no_sync_ddp_module(mp: pytest.MonkeyPatch) -> object:
+    with tempfile.TemporaryDirectory() as directory:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{directory}/store", rank=0, world_size=1
+        )
+        try:
+            ddp = nn.parallel.DistributedDataParallel(nn.Linear(3, 1))
+            with isolated_registry().get_accelerator("cpu").no_sync(ddp.module):
+                ddp(torch.ones(2, 3)).sum().backward()
+        finally:
+            dist.destroy_process_group()
+    return ddp
+
+
+@case("step-clip-model", accel.AcceleratorTypeError)
 def _step_clip_model(monkeypatch: pytest.MonkeyPatch) -> object:
     cpu, model, _ = _stepping()
     return cpu.clip_grad_norm_(model, max_norm=1.0)  # type: ignore[arg-type]
@@ -457,42 +460,42 @@ def _step_clip_no_max_norm(monkeypatch: pytest.MonkeyPatch) -> object:
     return cpu.clip_grad_norm_(model.parameters())  # type: ignore[call-arg]
 
 
-@case("step-clip-negative", ValueError)
+@case("step-clip-negative", accel.AcceleratorValueError)
 def _step_clip_negative(monkeypatch: pytest.MonkeyPatch) -> object:
     cpu, model, _ = _stepping()
     return cpu.clip_grad_norm_(model.parameters(), max_norm=-1.0)
 
 
-@case("step-clip-norm-type", ValueError)
+@case("step-clip-norm-type", accel.AcceleratorValueError)
 def _step_clip_norm_type(monkeypatch: pytest.MonkeyPatch) -> object:
     cpu, model, _ = _stepping()
     return cpu.clip_grad_norm_(model.parameters(), 1.0, norm_type=0)
 
 
-@case("step-no-sync-optimizer", TypeError)
+@case("step-no-sync-optimizer", accel.AcceleratorTypeError)
 def _step_no_sync_optimizer(monkeypatch: pytest.MonkeyPatch) -> object:
     cpu, _, optimizer = _stepping()
     return cpu.no_sync(optimizer)  # type: ignore[arg-type]
 
 
-@case("step-scaler-junk", TypeError)
+@case("step-scaler-junk", accel.AcceleratorTypeError)
 def _step_scaler_junk(monkeypatch: pytest.MonkeyPatch) -> object:
     cpu, _, optimizer = _stepping()
     return cpu.optimizer_step(optimizer, scaler=True)  # type: ignore[arg-type]
 
 
-@case("step-scaler-closure", ValueError)
+@case("step-scaler-closure", accel.AcceleratorValueError)
 def _step_scaler_closure(monkeypatch: pytest.MonkeyPatch) -> object:
     cpu, _, optimizer = _stepping()
     return cpu.optimizer_step(optimizer, lambda: 0.0, scaler=torch.amp.GradScaler("cpu"))
 
 
-@case("step-scaler-dtype", ValueError)
+@case("step-scaler-dtype", accel.AcceleratorValueError)
 def _step_scaler_dtype(monkeypatch: pytest.MonkeyPatch) -> object:
     return _stepping()[0].grad_scaler(torch.float64)
 
 
-@case("step-compile-junk", TypeError)
+@case("step-compile-junk", accel.AcceleratorTypeError)
 def _step_compile_junk(monkeypatch: pytest.MonkeyPatch) -> object:
     return _stepping()[0].compile("model")  # type: ignore[type-var]
 
@@ -509,13 +512,21 @@ def _plugin_clip_float(monkeypatch: pytest.MonkeyPatch) -> object:
     return acc.clip_grad_norm_(nn.Linear(1, 1).parameters(), 1.0)
 
 
+@case("plugin-restore-wrong-count", accel.PluginError)
+def _plugin_restore_wrong_count(monkeypatch: pytest.MonkeyPatch) -> object:
+    path = Path(tempfile.mkdtemp()) / "model.pt"
+    _cpu().save(TiedLM(), path)  # the tied weight stored once: three tensors
+    plugin = _plugin(restore_to_device=lambda self: [torch.zeros(1)])
+    return isolated_registry(plugin).get_accelerator("npu").load(path, TiedLM())
+
+
 @case("plugin-grad-scaler-junk", accel.PluginError)
 def _plugin_grad_scaler_junk(monkeypatch: pytest.MonkeyPatch) -> object:
     acc = isolated_registry(_plugin(grad_scaler=lambda self: "scaler")).get_accelerator("npu")
     return acc.grad_scaler(torch.float16)
 
 
-@case("arg-tie-check", ValueError)
+@case("arg-tie-check", accel.AcceleratorValueError)
 def _arg_tie_check(mp: pytest.MonkeyPatch) -> object:
     acc = isolated_registry().get_accelerator("cpu")
     with pytest.raises(ValueError, match="got 'sometimes'"):
@@ -523,37 +534,37 @@ def _arg_tie_check(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("cpu", tie_check="sometimes")  # type: ignore[arg-type]
 
 
-@case("arg-model-tensor", TypeError)
+@case("arg-model-tensor", accel.AcceleratorTypeError)
 def _arg_model_tensor(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("cpu").model_to_device(torch.zeros(2))  # type: ignore[type-var]
 
 
-@case("arg-model-dict", TypeError)
+@case("arg-model-dict", accel.AcceleratorTypeError)
 def _arg_model_dict(mp: pytest.MonkeyPatch) -> object:
     model = {"encoder": nn.Linear(2, 2)}
     return isolated_registry().get_accelerator("cpu").model_to_device(model)  # type: ignore[type-var]
 
 
-@case("arg-optimizer-str", TypeError)
+@case("arg-optimizer-str", accel.AcceleratorTypeError)
 def _arg_optimizer_str(mp: pytest.MonkeyPatch) -> object:
     acc = isolated_registry().get_accelerator("cpu")
     return acc.model_to_device(nn.Linear(2, 2), optimizer="adam")  # type: ignore[arg-type]
 
 
-@case("arg-optimizer-int", TypeError)
+@case("arg-optimizer-int", accel.AcceleratorTypeError)
 def _arg_optimizer_int(mp: pytest.MonkeyPatch) -> object:
     acc = isolated_registry().get_accelerator("cpu")
     return acc.model_to_device(nn.Linear(2, 2), optimizer=3)  # type: ignore[arg-type]
 
 
-@case("arg-optimizer-module", TypeError)
+@case("arg-optimizer-module", accel.AcceleratorTypeError)
 def _arg_optimizer_module(mp: pytest.MonkeyPatch) -> object:
     model = nn.Linear(2, 2)
     acc = isolated_registry().get_accelerator("cpu")
     return acc.model_to_device(model, optimizer=model)  # type: ignore[arg-type]
 
 
-@case("arg-optimizer-list-of-junk", TypeError)
+@case("arg-optimizer-list-of-junk", accel.AcceleratorTypeError)
 def _arg_optimizer_list_of_junk(mp: pytest.MonkeyPatch) -> object:
     model = nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -561,7 +572,7 @@ def _arg_optimizer_list_of_junk(mp: pytest.MonkeyPatch) -> object:
     return acc.model_to_device(model, optimizer=[optimizer, "sgd"])  # type: ignore[list-item]
 
 
-@case("arg-optimizer-not-of-the-model", ValueError)
+@case("arg-optimizer-not-of-the-model", accel.AcceleratorValueError)
 def _arg_optimizer_not_of_the_model(mp: pytest.MonkeyPatch) -> object:
     acc = isolated_registry(MetaTpuPlugin(), builtins=False).get_accelerator("tpu")
     model = TiedLM()
@@ -573,21 +584,21 @@ def _arg_optimizer_not_of_the_model(mp: pytest.MonkeyPatch) -> object:
 # Batches -------------------------------------------------------------------------
 
 
-@case("batch-list-contains-itself", ValueError)
+@case("batch-list-contains-itself", accel.AcceleratorValueError)
 def _batch_list_contains_itself(mp: pytest.MonkeyPatch) -> object:
     batch: list[Any] = [torch.zeros(1)]
     batch.append(batch)
     return isolated_registry().get_accelerator("cpu").batch_to_device(batch)
 
 
-@case("batch-dict-contains-itself", ValueError)
+@case("batch-dict-contains-itself", accel.AcceleratorValueError)
 def _batch_dict_contains_itself(mp: pytest.MonkeyPatch) -> object:
     batch: dict[str, Any] = {"x": torch.zeros(1)}
     batch["self"] = batch
     return isolated_registry().get_accelerator("cpu").batch_to_device(batch)
 
 
-@case("batch-too-deep", ValueError)
+@case("batch-too-deep", accel.AcceleratorValueError)
 def _batch_too_deep(mp: pytest.MonkeyPatch) -> object:
     batch: Any = torch.zeros(1)
     for _ in range(2 * sys.getrecursionlimit()):
@@ -602,7 +613,7 @@ class Pair(tuple[Any, ...]):
         return super().__new__(cls, (first, second))
 
 
-@case("batch-unrebuildable-container", TypeError)
+@case("batch-unrebuildable-container", accel.AcceleratorTypeError)
 def _batch_unrebuildable_container(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator("cpu").batch_to_device(Pair(torch.zeros(1), 1))
 
@@ -612,21 +623,21 @@ def _batch_unrebuildable_container(mp: pytest.MonkeyPatch) -> object:
 _SIZES = (32, 64, 128, 256)
 
 
-@case("buckets-too-long", ValueError)
+@case("buckets-too-long", accel.AcceleratorValueError)
 def _buckets_too_long(mp: pytest.MonkeyPatch) -> object:
     from accel.training.buckets import pad_to_bucket
 
     return pad_to_bucket({"input_ids": torch.ones(2, 300)}, _SIZES, {"input_ids": 0})
 
 
-@case("buckets-sizes-unsorted", ValueError)
+@case("buckets-sizes-unsorted", accel.AcceleratorValueError)
 def _buckets_sizes_unsorted(mp: pytest.MonkeyPatch) -> object:
     from accel.training.buckets import pad_to_bucket
 
     return pad_to_bucket({"input_ids": torch.ones(2, 3)}, (64, 32), {"input_ids": 0})
 
 
-@case("buckets-lengths-differ", ValueError)
+@case("buckets-lengths-differ", accel.AcceleratorValueError)
 def _buckets_lengths_differ(mp: pytest.MonkeyPatch) -> object:
     from accel.training.buckets import pad_to_bucket
 
@@ -634,21 +645,21 @@ def _buckets_lengths_differ(mp: pytest.MonkeyPatch) -> object:
     return pad_to_bucket(batch, _SIZES, {"a": 0, "b": 0})
 
 
-@case("buckets-pad-values-missing-key", ValueError)
+@case("buckets-pad-values-missing-key", accel.AcceleratorValueError)
 def _buckets_pad_values_missing_key(mp: pytest.MonkeyPatch) -> object:
     from accel.training.buckets import pad_to_bucket
 
     return pad_to_bucket({"input_ids": torch.ones(2, 3)}, _SIZES, {"labels": -100})
 
 
-@case("buckets-pad-values-kind", TypeError)
+@case("buckets-pad-values-kind", accel.AcceleratorTypeError)
 def _buckets_pad_values_kind(mp: pytest.MonkeyPatch) -> object:
     from accel.training.buckets import pad_to_bucket
 
     return pad_to_bucket((torch.ones(2, 3), torch.ones(2, 3)), _SIZES, {"labels": -100})
 
 
-@case("buckets-pad-value-not-a-tensor", TypeError)
+@case("buckets-pad-value-not-a-tensor", accel.AcceleratorTypeError)
 def _buckets_pad_value_not_a_tensor(mp: pytest.MonkeyPatch) -> object:
     from accel.training.buckets import pad_to_bucket
 
@@ -791,6 +802,19 @@ def _plugin_count_raises(mp: pytest.MonkeyPatch) -> object:
     assert not info.available
     assert info.reason == "device_count failed: OSError: smi gone"
     return registry.get_accelerator("npu")
+
+
+@case("plugin-get-device-str-auto", None)
+def _plugin_get_device_str_auto(mp: pytest.MonkeyPatch) -> object:
+    nonsense = _plugin(
+        register_accelerators=lambda self: [accel.AcceleratorSpec("npu", priority=99)],
+        get_device=lambda self: "npu:0",
+    )
+    registry = isolated_registry(nonsense)
+    acc = registry.get_accelerator("auto")
+    assert acc.name == "cpu"  # npu ranks first, but names no device
+    assert _listed(registry, "npu").reason.startswith("get_device failed: PluginError: ")
+    return acc
 
 
 @case("plugin-get-device-str", accel.PluginError)
@@ -995,37 +1019,37 @@ def _plugin_entry_point_broken_selected(mp: pytest.MonkeyPatch) -> object:
 # Value types plugins build ---------------------------------------------------------
 
 
-@case("spec-bad-name", ValueError)
+@case("spec-bad-name", accel.AcceleratorValueError)
 def _spec_bad_name(mp: pytest.MonkeyPatch) -> object:
     return accel.AcceleratorSpec("my npu")
 
 
-@case("spec-name-with-index", ValueError)
+@case("spec-name-with-index", accel.AcceleratorValueError)
 def _spec_name_with_index(mp: pytest.MonkeyPatch) -> object:
     return accel.AcceleratorSpec("npu:0")
 
 
-@case("spec-aliases-str", TypeError)
+@case("spec-aliases-str", accel.AcceleratorTypeError)
 def _spec_aliases_str(mp: pytest.MonkeyPatch) -> object:
     return accel.AcceleratorSpec("npu", aliases="ascend")  # type: ignore[arg-type]
 
 
-@case("spec-priority", TypeError)
+@case("spec-priority", accel.AcceleratorTypeError)
 def _spec_priority(mp: pytest.MonkeyPatch) -> object:
     return accel.AcceleratorSpec("npu", priority="high")  # type: ignore[arg-type]
 
 
-@case("spec-unties-weights-not-bool", TypeError)
+@case("spec-unties-weights-not-bool", accel.AcceleratorTypeError)
 def _spec_unties_weights_not_bool(mp: pytest.MonkeyPatch) -> object:
     return accel.AcceleratorSpec("npu", unties_weights="yes")  # type: ignore[arg-type]
 
 
-@case("spec-availability-not-bool", TypeError)
+@case("spec-availability-not-bool", accel.AcceleratorTypeError)
 def _spec_availability_not_bool(mp: pytest.MonkeyPatch) -> object:
     return accel.Availability(available="yes")  # type: ignore[arg-type]
 
 
-@case("spec-availability-auto-not-bool", TypeError)
+@case("spec-availability-auto-not-bool", accel.AcceleratorTypeError)
 def _spec_availability_auto_not_bool(mp: pytest.MonkeyPatch) -> object:
     return accel.Availability(True, auto="no")  # type: ignore[arg-type]
 
@@ -1069,7 +1093,69 @@ def _ckpt_save_disk_full(mp: pytest.MonkeyPatch) -> object:
         assert torch.equal(torch.load(path)["small"], torch.zeros(4))
 
 
-@case("ckpt-save-unloadable", TypeError)
+@case("ckpt-save-async-not-bool", accel.AcceleratorTypeError)
+def _ckpt_save_async_not_bool(mp: pytest.MonkeyPatch) -> object:
+    import tempfile
+
+    return _cpu().save({"step": 1}, Path(tempfile.mkdtemp()) / "c.pt", asynchronous="yes")
+
+
+@case("ckpt-save-async-failed", OSError, needs_notes=True)
+def _ckpt_save_async_failed(mp: pytest.MonkeyPatch) -> object:
+    import resource
+    import signal
+
+    path = _saved({"small": torch.zeros(4)})
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a core dump
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        # Returns once the snapshot is taken; the write fails in the background.
+        pending = _cpu().save({"big": torch.zeros(2**18)}, path, asynchronous=True)
+        return pending.wait()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+        assert torch.equal(torch.load(path)["small"], torch.zeros(4))
+
+
+@case("ckpt-save-async-xla-processes", accel.AcceleratorRuntimeError)
+def _ckpt_save_async_xla_processes(mp: pytest.MonkeyPatch) -> object:
+    import tempfile
+    import threading
+
+    from accel.plugins._xla_training import XlaTrainingHooks
+
+    # A multi-process PJRT run (torch_xla.launch) without a torch.distributed group.
+    runtime = types.ModuleType("torch_xla.runtime")
+    runtime.world_size = lambda: 2  # type: ignore[attr-defined]
+    model = types.ModuleType("torch_xla.core.xla_model")
+    core = types.ModuleType("torch_xla.core")
+    core.xla_model = model  # type: ignore[attr-defined]
+    package = types.ModuleType("torch_xla")
+    package.runtime, package.core = runtime, core  # type: ignore[attr-defined]
+    for name, module in [
+        ("torch_xla", package),
+        ("torch_xla.core", core),
+        ("torch_xla.core.xla_model", model),
+        ("torch_xla.runtime", runtime),
+    ]:
+        mp.setitem(sys.modules, name, module)  # fmt: skip
+    raised: list[BaseException] = []
+
+    def background_write() -> None:  # where acc.save(..., asynchronous=True) calls the hook
+        try:
+            XlaTrainingHooks().save({"step": 1}, Path(tempfile.mkdtemp()) / "c.pt")
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=background_write)
+    thread.start()
+    thread.join()
+    raise raised[0]
+
+
+@case("ckpt-save-unloadable", accel.AcceleratorTypeError)
 def _ckpt_save_unloadable(mp: pytest.MonkeyPatch) -> object:
     path = _saved({"step": 0})
     try:
@@ -1078,17 +1164,17 @@ def _ckpt_save_unloadable(mp: pytest.MonkeyPatch) -> object:
         assert _cpu().load(path) == {"step": 0}  # nothing written
 
 
-@case("ckpt-save-path-int", TypeError)
+@case("ckpt-save-path-int", accel.AcceleratorTypeError)
 def _ckpt_save_path_int(mp: pytest.MonkeyPatch) -> object:
     return _cpu().save({}, 3)  # type: ignore[arg-type]
 
 
-@case("ckpt-load-missing-file", FileNotFoundError)
+@case("ckpt-load-missing-file", accel.AcceleratorFileNotFoundError)
 def _ckpt_load_missing_file(mp: pytest.MonkeyPatch) -> object:
     return _cpu().load(_saved(1).parent / "absent.pt")
 
 
-@case("ckpt-load-not-a-checkpoint", ValueError)
+@case("ckpt-load-not-a-checkpoint", accel.AcceleratorValueError)
 def _ckpt_load_not_a_checkpoint(mp: pytest.MonkeyPatch) -> object:
     path = _saved(1)
     path.write_text("not a checkpoint")
@@ -1107,30 +1193,30 @@ def _ckpt_load_hostile_pickle(mp: pytest.MonkeyPatch) -> object:
     return _cpu().load(path)
 
 
-@case("ckpt-load-missing-key", KeyError)
+@case("ckpt-load-missing-key", accel.AcceleratorKeyError)
 def _ckpt_load_missing_key(mp: pytest.MonkeyPatch) -> object:
     model = TiedLM()
     scheduler = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters()), 1)
     return _cpu().load(_saved({"model": model}), {"model": model, "scheduler": scheduler})
 
 
-@case("ckpt-load-shape-mismatch", ValueError)
+@case("ckpt-load-shape-mismatch", accel.AcceleratorValueError)
 def _ckpt_load_shape_mismatch(mp: pytest.MonkeyPatch) -> object:
     return _cpu().load(_saved({"model": TiedLM()}), {"model": TiedLM(vocab=20)})
 
 
-@case("ckpt-load-other-keys", ValueError)
+@case("ckpt-load-other-keys", accel.AcceleratorValueError)
 def _ckpt_load_other_keys(mp: pytest.MonkeyPatch) -> object:
     grown = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
     return _cpu().load(_saved({"model": nn.Sequential(nn.Linear(2, 2))}), {"model": grown})
 
 
-@case("ckpt-load-not-a-dict", ValueError)
+@case("ckpt-load-not-a-dict", accel.AcceleratorValueError)
 def _ckpt_load_not_a_dict(mp: pytest.MonkeyPatch) -> object:
     return _cpu().load(_saved([1, 2]), {"model": TiedLM()})
 
 
-@case("ckpt-load-state-list", TypeError)
+@case("ckpt-load-state-list", accel.AcceleratorTypeError)
 def _ckpt_load_state_list(mp: pytest.MonkeyPatch) -> object:
     return _cpu().load(_saved({}), [TiedLM()])  # type: ignore[arg-type]
 
@@ -1150,21 +1236,21 @@ def _load_changing_nothing(path: Path, state: dict[str, Any]) -> object:
         assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
-@case("ckpt-load-optimizer-groups", ValueError)
+@case("ckpt-load-optimizer-groups", accel.AcceleratorValueError)
 def _ckpt_load_optimizer_groups(mp: pytest.MonkeyPatch) -> object:
     model = nn.Linear(2, 2)
     groups = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias]}], lr=0.1)
     return _load_changing_nothing(_linear_and_sgd(), {"model": model, "optimizer": groups})
 
 
-@case("ckpt-load-optimizer-group-size", ValueError)
+@case("ckpt-load-optimizer-group-size", accel.AcceleratorValueError)
 def _ckpt_load_optimizer_group_size(mp: pytest.MonkeyPatch) -> object:
     model = nn.Linear(2, 2)
     one = torch.optim.SGD([model.weight], lr=0.1)
     return _load_changing_nothing(_linear_and_sgd(), {"model": model, "optimizer": one})
 
 
-@case("ckpt-load-optimizer-state-shape", ValueError)
+@case("ckpt-load-optimizer-state-shape", accel.AcceleratorValueError)
 def _ckpt_load_optimizer_state_shape(mp: pytest.MonkeyPatch) -> object:
     saved = TiedLM()
     optimizer = torch.optim.AdamW(saved.parameters(), lr=0.1)
@@ -1174,36 +1260,44 @@ def _ckpt_load_optimizer_state_shape(mp: pytest.MonkeyPatch) -> object:
     return _cpu().load(path, {"optimizer": torch.optim.AdamW(TiedLM(vocab=20).parameters())})
 
 
-@case("ckpt-load-not-optimizer-state", ValueError)
+@case("ckpt-load-not-optimizer-state", accel.AcceleratorValueError)
 def _ckpt_load_not_optimizer_state(mp: pytest.MonkeyPatch) -> object:
     optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
     return _cpu().load(_saved({"model": nn.Linear(2, 2)}), {"model": optimizer})
 
 
-@case("ckpt-rng-other-device", ValueError)
+@case("ckpt-rng-other-device", accel.AcceleratorValueError)
 def _ckpt_rng_other_device(mp: pytest.MonkeyPatch) -> object:
     acc = _cpu()
     return acc.set_rng_state({**acc.rng_state(), "device": {"type": "cuda", "states": []}})
 
 
-@case("ckpt-rng-not-a-dict", TypeError)
+@case("ckpt-rng-not-a-dict", accel.AcceleratorTypeError)
 def _ckpt_rng_not_a_dict(mp: pytest.MonkeyPatch) -> object:
     return _cpu().set_rng_state([1, 2])  # type: ignore[arg-type]
 
 
-@case("ckpt-rng-missing-key", ValueError)
+@case("ckpt-rng-missing-key", accel.AcceleratorValueError)
 def _ckpt_rng_missing_key(mp: pytest.MonkeyPatch) -> object:
     return _cpu().set_rng_state({"torch": torch.get_rng_state()})
 
 
-@case("ckpt-keep-zero", ValueError)
+@case("ckpt-rng-other-world-size", accel.errors.RankGeneratorsWarning)
+def _ckpt_rng_other_world_size(mp: pytest.MonkeyPatch) -> object:
+    path = Path(tempfile.mkdtemp()) / "c.pt"
+    states = (_cpu().rng_state(), _cpu().rng_state())  # what two ranks' acc.save stores
+    torch.save({"step": 1, "rng": {RECORD_KEY: states}}, path)
+    return _cpu().load(path, {})
+
+
+@case("ckpt-keep-zero", accel.AcceleratorValueError)
 def _ckpt_keep_zero(mp: pytest.MonkeyPatch) -> object:
     from accel.training.retention import prune_checkpoints
 
     return prune_checkpoints(_saved(1).parent, keep=0)
 
 
-@case("ckpt-guard-thread", RuntimeError)
+@case("ckpt-guard-thread", accel.AcceleratorRuntimeError)
 def _ckpt_guard_thread(mp: pytest.MonkeyPatch) -> object:
     import threading
 
@@ -1222,21 +1316,42 @@ def _ckpt_guard_thread(mp: pytest.MonkeyPatch) -> object:
     raise raised[0]
 
 
-@case("ckpt-sharded-exists", FileExistsError)
+@case("ckpt-sharded-exists", accel.AcceleratorFileExistsError)
 def _ckpt_sharded_exists(mp: pytest.MonkeyPatch) -> object:
     import accel.distributed
 
     return accel.distributed.save_sharded({"model": TiedLM()}, _saved(1).parent)
 
 
-@case("ckpt-sharded-missing", FileNotFoundError)
+@case("ckpt-sharded-async-not-bool", accel.AcceleratorTypeError)
+def _ckpt_sharded_async_not_bool(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+
+    path = _saved(1).parent / "sharded"
+    return accel.distributed.save_sharded({"model": TiedLM()}, path, asynchronous=1)
+
+
+@case("ckpt-sharded-async-spmd", accel.AcceleratorValueError)
+def _ckpt_sharded_async_spmd(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+    from accel.distributed import _checkpoint
+
+    mp.setattr(_checkpoint, "is_spmd", lambda: True)  # as under init_spmd
+    path = _saved(1).parent / "sharded"
+    try:
+        return accel.distributed.save_sharded({"model": TiedLM()}, path, asynchronous=True)
+    finally:
+        assert not path.exists()
+
+
+@case("ckpt-sharded-missing", accel.AcceleratorFileNotFoundError)
 def _ckpt_sharded_missing(mp: pytest.MonkeyPatch) -> object:
     import accel.distributed
 
     return accel.distributed.load_sharded(_saved(1).parent, {"model": TiedLM()})
 
 
-@case("ckpt-sharded-two-models", TypeError)
+@case("ckpt-sharded-two-models", accel.AcceleratorTypeError)
 def _ckpt_sharded_two_models(mp: pytest.MonkeyPatch) -> object:
     import accel.distributed
 
@@ -1375,6 +1490,16 @@ def _srun_task(mp: pytest.MonkeyPatch, **overrides: str) -> None:
             mp.delenv(name, raising=False)
 
 
+@case("spmd-not-xla", DistributedSetupError)
+def _spmd_not_xla(mp: pytest.MonkeyPatch) -> object:
+    return accel.distributed.init_spmd("cpu", registry=isolated_registry())
+
+
+@case("registry-backends-auto", accel.AcceleratorValueError)
+def _registry_backends_auto(mp: pytest.MonkeyPatch) -> object:
+    return isolated_registry().distributed_backends("auto")
+
+
 @case("launch-slurm-batch-shell", DistributedSetupError)
 def _launch_slurm_batch_shell(mp: pytest.MonkeyPatch) -> object:
     import accel.distributed as adist
@@ -1425,7 +1550,7 @@ def _launch_port_in_use(mp: pytest.MonkeyPatch) -> object:
             adist.destroy_process_group()
 
 
-@case("lightning-pickle-own-registry", TypeError)
+@case("lightning-pickle-own-registry", accel.AcceleratorTypeError)
 def _lightning_pickle_own_registry(mp: pytest.MonkeyPatch) -> object:
     import pickle
 
@@ -1434,7 +1559,7 @@ def _lightning_pickle_own_registry(mp: pytest.MonkeyPatch) -> object:
     return pickle.dumps(AccelAccelerator("npu", registry=isolated_registry(_plugin())))
 
 
-@case("lightning-single-device-several", ValueError)
+@case("lightning-single-device-several", accel.AcceleratorValueError)
 def _lightning_single_device_several(mp: pytest.MonkeyPatch) -> object:
     from lightning.fabric import Fabric
 
@@ -1469,18 +1594,97 @@ def _lightning_ddp_device_mismatch(mp: pytest.MonkeyPatch) -> object:
         accel.distributed.destroy_process_group(barrier=False)
 
 
-@case("lightning-checkpoint-storage-options", TypeError)
+@case("lightning-checkpoint-storage-options", accel.AcceleratorTypeError)
 def _lightning_checkpoint_storage_options(mp: pytest.MonkeyPatch) -> object:
     from accel.integrations.lightning import AccelCheckpointIO
 
     return AccelCheckpointIO().save_checkpoint({}, "unused.ckpt", storage_options={"a": 1})
 
 
-@case("lightning-checkpoint-missing", FileNotFoundError)
+@case("lightning-checkpoint-missing", accel.AcceleratorFileNotFoundError)
 def _lightning_checkpoint_missing(mp: pytest.MonkeyPatch) -> object:
     from accel.integrations.lightning import AccelCheckpointIO
 
     return AccelCheckpointIO().load_checkpoint("missing.ckpt")
+
+
+# Ray Train (accel.integrations.ray) ----------------------------------------------------
+# Each case but the first imports the module inside: it imports Ray, which only the
+# environments of `bash scripts/test ray` have (the cases carry the `ray` marker).
+
+
+@case("ray-not-installed", ModuleNotFoundError)
+def _ray_not_installed(mp: pytest.MonkeyPatch) -> object:
+    mp.setitem(sys.modules, "ray", None)  # as if not installed, wherever this runs
+    mp.delitem(sys.modules, "accel.integrations.ray", raising=False)
+    return importlib.import_module("accel.integrations.ray")
+
+
+@case("ray-accelerator-unknown", accel.AcceleratorNotFoundError, needs_ray=True)
+def _ray_accelerator_unknown(mp: pytest.MonkeyPatch) -> object:
+    from accel.integrations.ray import torch_config
+
+    return torch_config("quantum", registry=isolated_registry())
+
+
+@case("ray-backend-unknown-to-ray", DistributedSetupError, needs_ray=True)
+def _ray_backend_unknown_to_ray(mp: pytest.MonkeyPatch) -> object:
+    from accel.integrations.ray import torch_config
+
+    registry = isolated_registry(_plugin(distributed_backend=lambda self: "vendorccl"))
+    return torch_config("npu", registry=registry)
+
+
+@case("ray-backend-xla", DistributedSetupError, needs_ray=True)
+def _ray_backend_xla(mp: pytest.MonkeyPatch) -> object:
+    from accel.integrations.ray import torch_config
+
+    registry = isolated_registry(_plugin(distributed_backend=lambda self: "xla"))
+    return torch_config("npu", registry=registry)
+
+
+@case("ray-outside-train-function", RuntimeError, needs_ray=True)
+def _ray_outside_train_function(mp: pytest.MonkeyPatch) -> object:
+    from accel.integrations.ray import prepare_model
+
+    return prepare_model(TiedLM(), accelerator="cpu")
+
+
+@case("ray-group-backend-mismatch", DistributedSetupError, needs_ray=True)
+def _ray_group_backend_mismatch(mp: pytest.MonkeyPatch) -> object:
+    import ray.train
+
+    from accel.integrations.ray import prepare_model
+
+    # A worker of two whose group Ray started with its default, gloo (here a world of
+    # one in memory), for an accelerator whose plugin declares another backend.
+    for name in (*launchers.TORCHRUN_VARIABLES, "LOCAL_WORLD_SIZE"):
+        mp.delenv(name, raising=False)
+    worker = types.SimpleNamespace(get_world_size=lambda: 2, get_world_rank=lambda: 0)
+    mp.setattr(ray.train, "get_context", lambda: worker)
+    registry = isolated_registry(_plugin(distributed_backend=lambda self: "vendorccl"))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        return prepare_model(TiedLM(), accelerator=registry.get_accelerator("npu"))
+    finally:
+        accel.distributed.destroy_process_group(barrier=False)
+
+
+@case("ray-loader-not-a-dataloader", TypeError, needs_ray=True)
+def _ray_loader_not_a_dataloader(mp: pytest.MonkeyPatch) -> object:
+    from accel.integrations.ray import prepare_data_loader
+
+    return prepare_data_loader([torch.zeros(2)], accelerator="cpu")
+
+
+@case("ray-loader-own-sampler", ValueError, needs_ray=True)
+def _ray_loader_own_sampler(mp: pytest.MonkeyPatch) -> object:
+    from torch.utils.data import DataLoader, WeightedRandomSampler
+
+    from accel.integrations.ray import prepare_data_loader
+
+    sampler = WeightedRandomSampler([1.0, 2.0], num_samples=2)
+    return prepare_data_loader(DataLoader(range(2), sampler=sampler), accelerator="cpu")
 
 
 # -- the tests -------------------------------------------------------------------------
@@ -1498,6 +1702,8 @@ def _params() -> list[Any]:
                     sys.version_info < (3, 11), reason="exception notes need Python 3.11"
                 )
             )
+        if item.needs_ray:
+            marks.append(pytest.mark.ray)
         params.append(pytest.param(item, id=item.id, marks=marks))
     return params
 
@@ -1552,6 +1758,11 @@ def test_bad_input(item: Case, monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.warns(expected) as record:
             item.trigger(monkeypatch)
         texts = [str(w.message) for w in record if issubclass(w.category, expected)]
+        # Every warning accel gives points at the user's line: here, the trigger's.
+        places = {(w.filename, w.lineno) for w in record if issubclass(w.category, expected)}
+        assert {filename for filename, _ in places} == {__file__}, (
+            f"{item.id}: the warning points at {sorted(places)}, not at {__file__}"
+        )
         for fragment in row.fragments:
             assert any(fragment in text for text in texts), (
                 f"{item.id}: no {expected.__name__} says {fragment!r}; got {texts}"
@@ -1560,6 +1771,11 @@ def test_bad_input(item: Case, monkeypatch: pytest.MonkeyPatch) -> None:
 
     with pytest.raises(expected) as info:
         item.trigger(monkeypatch)
+    # The documented class exactly, not a subclass of it: the page names what is raised.
+    assert type(info.value) is expected, (
+        f"{item.id}: docs/errors.md says {expected.__name__}, accel raised "
+        f"{type(info.value).__name__}"
+    )
     printed = _as_printed(info.value)
     for fragment in row.fragments:
         assert fragment in printed, f"{item.id}: message lacks {fragment!r}:\n{printed}"

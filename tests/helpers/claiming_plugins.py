@@ -35,3 +35,29 @@ class VendorLateGpu(FakeAccelerator):
 
     def __init__(self) -> None:
         super().__init__("vendora", aliases=("gpu",), priority=60)
+
+
+class NpxPlain(FakeAccelerator):
+    """Claims ``npx``, with no alias."""
+
+    def __init__(self) -> None:
+        super().__init__("npx", priority=60)
+
+
+class NpxAliased(FakeAccelerator):
+    """Claims ``npx`` too, and declares the alias ``neuralpx`` for it."""
+
+    def __init__(self) -> None:
+        super().__init__("npx", aliases=("neuralpx",), priority=60)
+
+
+class VendorXOne(FakeAccelerator):
+    def __init__(self) -> None:
+        super().__init__("vendorx", aliases=("vx",), priority=60)
+
+
+class VendorXTwo(FakeAccelerator):
+    """Claims both of VendorXOne's names: the canonical one and its alias."""
+
+    def __init__(self) -> None:
+        super().__init__("vendorx", aliases=("vx",), priority=60)

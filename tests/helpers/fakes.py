@@ -10,11 +10,11 @@ import accel
 from accel.plugins.tpu import TpuPlugin
 
 
-class MetaTpuPlugin(TpuPlugin):
-    """The real TPU plugin (same tying hooks), but available and moving to `meta`.
+class Available:
+    """Put first among a plugin's bases: its accelerator is available (by name, not to
+    ``"auto"``) with ``count`` devices, whatever the machine has."""
 
-    `module.to("meta")` builds a new Parameter per slot exactly like a move to XLA.
-    """
+    count = 1
 
     @accel.hookimpl
     def is_available(self) -> accel.Availability:
@@ -22,7 +22,14 @@ class MetaTpuPlugin(TpuPlugin):
 
     @accel.hookimpl
     def device_count(self) -> int:
-        return 1
+        return self.count
+
+
+class MetaTpuPlugin(Available, TpuPlugin):
+    """The real TPU plugin (same tying hooks), but available and moving to `meta`.
+
+    `module.to("meta")` builds a new Parameter per slot exactly like a move to XLA.
+    """
 
     @accel.hookimpl
     def get_device(self) -> torch.device:
@@ -38,7 +45,27 @@ class CpuTpuPlugin(MetaTpuPlugin):
         return torch.device("cpu")
 
 
-class FakeAccelerator:
+class RecordsMoves:
+    """Put among a plugin's bases: each move's hooks and each batch move are appended to
+    ``self.calls``; batches are then moved by accel's built-in mover."""
+
+    calls: list[str]
+
+    @accel.hookimpl
+    def pre_move_hook(self) -> None:
+        self.calls.append("pre_move_hook")
+
+    @accel.hookimpl
+    def post_move_hook(self) -> None:
+        self.calls.append("post_move_hook")
+
+    @accel.hookimpl
+    def batch_to_device(self, batch: Any) -> Any:
+        self.calls.append("batch_to_device")
+        return None  # fall through to the built-in mover
+
+
+class FakeAccelerator(RecordsMoves):
     """A configurable accelerator plugin that records the hooks it sees."""
 
     def __init__(
@@ -74,19 +101,6 @@ class FakeAccelerator:
     @accel.hookimpl
     def get_device(self, index: int | None) -> torch.device:
         return torch.device(self.device)
-
-    @accel.hookimpl
-    def pre_move_hook(self) -> None:
-        self.calls.append("pre_move_hook")
-
-    @accel.hookimpl
-    def post_move_hook(self) -> None:
-        self.calls.append("post_move_hook")
-
-    @accel.hookimpl
-    def batch_to_device(self, batch: Any) -> Any:
-        self.calls.append("batch_to_device")
-        return None  # fall through to the built-in mover
 
 
 class MoveRecorder:

@@ -6,14 +6,15 @@ plugin reaches Lightning users through accel.integrations.lightning alone.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 import accel
+from helpers.fakes import Available, RecordsMoves
 
 
-class VendorPlugin:
+class VendorPlugin(Available, RecordsMoves):
     """Accelerator ``vendornpu``: two devices (backed by host memory), moves and step
     boundaries recorded, memory statistics of its own."""
 
@@ -33,29 +34,8 @@ class VendorPlugin:
         return [accel.AcceleratorSpec(self.NAME, aliases=("vnpu",), priority=10)]
 
     @accel.hookimpl
-    def is_available(self) -> accel.Availability:
-        return accel.Availability(True, auto=False)
-
-    @accel.hookimpl
-    def device_count(self) -> int:
-        return self.count
-
-    @accel.hookimpl
     def get_device(self, index: int | None) -> torch.device:
         return torch.device("cpu")
-
-    @accel.hookimpl
-    def pre_move_hook(self) -> None:
-        self.calls.append("pre_move_hook")
-
-    @accel.hookimpl
-    def post_move_hook(self) -> None:
-        self.calls.append("post_move_hook")
-
-    @accel.hookimpl
-    def batch_to_device(self, batch: Any) -> Any:
-        self.calls.append("batch_to_device")
-        return None  # the built-in mover does the moving
 
     @accel.hookimpl
     def mark_step(self) -> None:
@@ -73,3 +53,30 @@ class IndexedVendorPlugin(VendorPlugin):
     @accel.hookimpl
     def get_device(self, index: int | None) -> torch.device:
         return torch.device("cpu", index or 0)
+
+
+class InstalledVendorPlugin(VendorPlugin):
+    """``vendornpu`` as an ``accel`` entry point builds it (a class, no arguments), for
+    processes the tests do not start themselves (Ray's workers): every instance is kept
+    in :attr:`INSTANCES`, so that the process can report the calls its plugin saw."""
+
+    INSTANCES: ClassVar[list[VendorPlugin]] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        InstalledVendorPlugin.INSTANCES.append(self)
+
+
+class OwnBackendVendorPlugin(VendorPlugin):
+    """Accelerator ``vendorccl``, whose plugin declares a process-group backend of its
+    own (``vendorccl``) that neither torch nor Ray knows."""
+
+    NAME = "vendorccl"
+
+    @accel.hookimpl
+    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+        return [accel.AcceleratorSpec(self.NAME, priority=10)]
+
+    @accel.hookimpl
+    def distributed_backend(self) -> str:
+        return "vendorccl"

@@ -107,8 +107,11 @@ def test_selection_errors_are_accels(registry: accel.AcceleratorRegistry) -> Non
 def test_bad_arguments(registry: accel.AcceleratorRegistry) -> None:
     handle = registry.get_accelerator("cpu")
     assert AccelAccelerator(handle).handle() is handle
-    with pytest.raises(TypeError, match="pass one or the other"):
-        AccelAccelerator(handle, registry=registry)
+    # A handle and its own registry agree (the registry's one rule for "a handle or a
+    # name"); another registry's handle is refused.
+    assert AccelAccelerator(handle, registry=registry).handle() is handle
+    with pytest.raises(accel.AcceleratorValueError, match="belongs to another registry"):
+        AccelAccelerator(handle, registry=isolated_registry())
     with pytest.raises(TypeError, match="got int"):
         AccelAccelerator(3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="need an instance's class"):

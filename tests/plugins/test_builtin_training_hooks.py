@@ -15,24 +15,16 @@ import accel
 from accel.plugins import CudaPlugin, MpsPlugin
 from accel.training.device_loader import PrefetchingLoader
 from accel.training.memory import MEMORY_KEYS
-from helpers.fakes import MetaTpuPlugin
+from helpers.fakes import Available, MetaTpuPlugin
 from helpers.registries import isolated_registry
 
 
-class AvailableCuda(CudaPlugin):
-    @accel.hookimpl
-    def is_available(self) -> accel.Availability:
-        return accel.Availability(True, auto=False)
-
-    @accel.hookimpl
-    def device_count(self) -> int:
-        return 2
+class AvailableCuda(Available, CudaPlugin):
+    count = 2
 
 
-class AvailableMps(MpsPlugin):
-    @accel.hookimpl
-    def is_available(self) -> accel.Availability:
-        return accel.Availability(True, auto=False)
+class AvailableMps(Available, MpsPlugin):
+    pass
 
 
 def _accelerator(plugin: object, name: str) -> accel.Accelerator:

@@ -300,6 +300,42 @@ def test_off_keeps_an_untied_model_untied_silently(route: Route) -> None:
     assert model.head.weight is not model.embed.weight
 
 
+class TiesDuringMove:
+    """A cross-cutting plugin whose move ties ``b.weight`` to ``a.weight`` (it answers
+    first: registered last), a tie the model never had and no re-tie undoes."""
+
+    @accel.hookimpl
+    def model_to_device(self, model: nn.Module, device: torch.device) -> nn.Module:
+        moved = model.to(device)
+        moved.b.weight = moved.a.weight
+        return moved
+
+
+@pytest.mark.parametrize("kind", ["overwrite", XLA])
+@pytest.mark.parametrize("tie_check", ["warn", "off"])
+def test_a_tie_another_plugins_move_makes_is_taken_apart_with_the_values_of_before(
+    kind: str, tie_check: accel.TieCheck, request: pytest.FixtureRequest
+) -> None:
+    registry = isolated_registry()
+    if kind == "overwrite":
+        request.getfixturevalue("overwrite_mode")
+        registry.register(CpuTpuPlugin(), override=True)
+    registry.register(TiesDuringMove())
+    tpu = registry.get_accelerator("tpu", tie_check=tie_check)
+    model = nn.ModuleDict({"a": nn.Linear(2, 2), "b": nn.Linear(2, 2)})
+    values = _values(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        moved = tpu.model_to_device(model)
+    assert moved.b.weight is not moved.a.weight
+    assert isinstance(moved.b.weight, nn.Parameter) and moved.b.weight.requires_grad
+    assert count_unique_parameters(moved) == 4
+    _assert_on(moved, tpu.device)
+    _assert_same_values(moved, values)
+    tying = [str(w.message) for w in caught if issubclass(w.category, TyingWarning)]
+    assert len(tying) == (tie_check == "warn")
+
+
 # -- the way back: leaving the TPU keeps every tie and value ----------------------------
 
 

@@ -9,15 +9,14 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.metadata
 import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import accel
 from accel.plugins import _xla_versions, tpu
+from helpers.fake_torch_xla import pretend_torch_xla
 from helpers.registries import isolated_registry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,17 +41,8 @@ def installed(monkeypatch: pytest.MonkeyPatch) -> InstallFake:
 
 @pytest.fixture
 def torch_xla_that_must_not_be_imported(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch_xla looks installed and PJRT_DEVICE=CPU, but importing it fails the test."""
-    real_find_spec = importlib.util.find_spec
-
-    def find_spec(name: str, *args: Any) -> Any:
-        if name == "torch_xla":
-            return importlib.machinery.ModuleSpec("torch_xla", None)
-        return real_find_spec(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    monkeypatch.setitem(sys.modules, "torch_xla", None)  # `import torch_xla` raises
-    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    """torch_xla looks installed and PJRT_DEVICE=CPU, but importing it fails."""
+    pretend_torch_xla(monkeypatch, pjrt="CPU")
 
 
 @pytest.mark.parametrize(

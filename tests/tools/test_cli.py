@@ -740,3 +740,22 @@ def test_commands_are_quiet_about_a_missing_numpy(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "NumPy" not in result.stderr
     assert "every tie held: yes" in result.stdout
+
+
+def test_list_shows_why_auto_passes_over_a_plugin_whose_get_device_fails(cli: Run) -> None:
+    from helpers.fakes import FakeAccelerator
+
+    class NonsenseDevice(FakeAccelerator):
+        @accel.hookimpl
+        def get_device(self, index: int | None) -> Any:
+            return "npu:0"
+
+    accel.default_registry().register(NonsenseDevice("npu", priority=500))
+    accel.default_registry().register(FakeAccelerator("second", priority=400))
+    code, out, _ = cli("list")  # in a fresh registry: nothing selected before
+    assert code == 0
+    rows = table(out)[1]
+    assert rows["npu"].split()[:3] == ["npu", "-", "no"]
+    assert "get_device failed: PluginError: hook 'get_device'" in rows["npu"]
+    assert "chosen by auto" in rows["second"]
+    assert out.strip().splitlines()[-1].endswith(": here 'second'.")

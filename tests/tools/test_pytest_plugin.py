@@ -340,6 +340,60 @@ def test_marker_with_requested_but_unavailable_listed_accelerator_fails(
     result.stdout.fnmatch_lines(["*'deadhw' (from --accelerator)*the deadhw driver is missing*"])
 
 
+@pytest.mark.parametrize("source", ["option", "environment"])
+def test_a_marked_test_for_an_accelerator_asked_for_but_unavailable_fails_not_skips(
+    fakes: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    fakes.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.accelerator("deadhw")
+        def test_with_fixture(accelerator):
+            raise AssertionError("must not run")
+
+        @pytest.mark.accelerator("deadhw", "gonehw")
+        def test_without_fixture():
+            raise AssertionError("must not run")
+
+        @pytest.mark.accelerator("gonehw")
+        def test_for_another_accelerator():
+            raise AssertionError("must not run")
+        """
+    )
+    args: tuple[str, ...] = ()
+    if source == "option":
+        args = ("--accelerator", "deadhw")
+    else:
+        monkeypatch.setenv("ACCEL_ACCELERATOR", "deadhw")
+    result = run(fakes, *args)
+    # Asked for deadhw, which is missing: its tests fail; another accelerator's skips.
+    result.assert_outcomes(errors=2, skipped=1)
+    where = "--accelerator" if source == "option" else "$ACCEL_ACCELERATOR"
+    result.stdout.fnmatch_lines(
+        [f"*accelerator 'deadhw' (from {where}) is not available here: the deadhw driver*"]
+    )
+    result.stdout.fnmatch_lines(["*needs accelerator 'gonehw', which is not available here*"])
+
+
+def test_a_typo_in_the_environment_fails_a_marked_test_instead_of_skipping_it(
+    fakes: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCEL_ACCELERATOR", "dedhw")
+    fakes.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.accelerator("deadhw")
+        def test_marked():
+            raise AssertionError("must not run")
+        """
+    )
+    result = run(fakes)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*'dedhw' (from $ACCEL_ACCELERATOR): unknown accelerator*"])
+
+
 def test_marker_device_index_is_checked_against_device_count(fakes: pytest.Pytester) -> None:
     fakes.makepyfile(
         """

@@ -3,6 +3,8 @@ and two gloo ranks accumulating two micro-steps equal one step on the whole batc
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -123,3 +125,39 @@ def test_two_gloo_ranks_accumulating_under_no_sync_equal_one_step_on_the_whole_b
         assert report["reductions"][1] >= 1, report  # the synced one
         assert report["unsynced_after_first"], report  # each rank had its own gradient
         assert report["diff"] < 1e-6, report
+
+
+@pytest.fixture
+def one_gloo_rank(tmp_path: Path) -> Iterator[None]:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_no_sync_on_the_module_ddp_wraps_warns_at_the_callers_line_naming_the_wrapper(
+    one_gloo_rank: None,
+) -> None:
+    from accel.errors import GradientSyncWarning
+
+    cpu = accel.AcceleratorRegistry(entry_points=None).get_accelerator("cpu")
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1))
+    # The mistake: DDP all-reduces in every backward() all the same.
+    line = sys._getframe().f_lineno + 1
+    with pytest.warns(GradientSyncWarning) as caught, cpu.no_sync(ddp.module):
+        ddp(torch.ones(2, 3)).sum().backward()
+    (warning,) = caught
+    message = str(warning.message)
+    assert "the Linear that a DistributedDataParallel wraps" in message
+    assert "acc.no_sync(ddp" in message and "not its .module" in message
+    assert (warning.filename, warning.lineno) == (__file__, line)  # not accel's, not torch's
+    for right in (ddp, torch.nn.Linear(3, 1)):  # the wrapper; a model no DDP wraps
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with cpu.no_sync(right):
+                right(torch.ones(2, 3)).sum().backward()

@@ -240,6 +240,18 @@ def test_a_missing_key_or_a_wrong_shape_changes_nothing(
         assert torch.equal(tensor, before[name])
 
 
+def test_a_missing_plain_value_key_is_a_key_error_naming_it_and_changes_nothing(
+    acc: accel.Accelerator, tmp_path: Path
+) -> None:
+    acc.save({"model": TiedLM()}, tmp_path / "c.pt")
+    model = TiedLM()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with pytest.raises(KeyError, match=r"has no entry 'epoch', 'rng' to restore; it has 'model'"):
+        acc.load(tmp_path / "c.pt", {"model": model, "epoch": 0, "rng": None})
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name])
+
+
 class _Hostile:
     def __init__(self, marker: Path) -> None:
         self.marker = marker

@@ -86,3 +86,38 @@ def test_xla_generator_round_trips_and_a_save_does_not_show_in_later_draws(
     tpu.set_rng_state(state)
     draw()
     assert torch.equal(draw(), with_save)
+
+
+def test_a_restore_uploads_every_tensor_in_one_transfer(
+    tpu: accel.Accelerator, tmp_path: Path
+) -> None:
+    import torch_xla.debug.metrics as met
+
+    torch.manual_seed(0)
+    model, optimizer = _trained(tpu)
+    tpu.save({"model": model, "optimizer": optimizer}, tmp_path / "c.pt")
+    stored = torch.load(tmp_path / "c.pt", weights_only=True)
+    # A bias stored in another dtype than the model's: load_state_dict casts it, as before.
+    stored["model"]["body.bias"] = stored["model"]["body.bias"].double()
+    torch.save(stored, tmp_path / "mixed.pt")
+
+    torch.manual_seed(1)
+    fresh = tpu.model_to_device(TiedLM())
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    tpu.mark_step()
+    met.clear_all()
+    tpu.load(tmp_path / "mixed.pt", {"model": fresh, "optimizer": fresh_optimizer})
+    tpu.synchronize()
+    # The tied weight once, body.weight, the two moments of each of the three
+    # parameters: one upload for all of them; body.bias (float64 stored) on its own.
+    assert met.metric_data("TransferToDeviceTime")[0] == 2
+    assert met.metric_data("CompileTime") is None
+    assert fresh.head.weight is fresh.embed.weight
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name].cpu(), tensor.cpu()), name
+    for parameter, trained in zip(fresh.parameters(), model.parameters(), strict=True):
+        entries, expected = fresh_optimizer.state[parameter], optimizer.state[trained]
+        assert entries["step"].device.type == "cpu"  # torch keeps AdamW's step on the host
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert entries[name].device == parameter.device
+            assert torch.equal(entries[name].cpu(), expected[name].cpu()), name

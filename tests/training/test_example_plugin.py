@@ -11,19 +11,12 @@ import pytest
 import torch
 
 import accel
+from helpers.fakes import Available
 from helpers.registries import isolated_registry
 
 
-class AvailableXpu:
+class AvailableXpu(Available):
     """The example plugin's module hooks, but available, with the device faked."""
-
-    @accel.hookimpl
-    def is_available(self) -> accel.Availability:
-        return accel.Availability(True, auto=False)
-
-    @accel.hookimpl
-    def device_count(self) -> int:
-        return 1
 
 
 @pytest.fixture

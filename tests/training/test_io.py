@@ -234,6 +234,13 @@ def test_only_the_main_process_of_a_distributed_job_writes(
     monkeypatch.setattr(
         torch.distributed, "broadcast_object_list", lambda objects, src: told.append(objects)
     )
+    # Every rank's generators are gathered first: here both ranks hold the same.
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None: "gloo")
+    monkeypatch.setattr(
+        torch.distributed,
+        "all_gather_object",
+        lambda gathered, obj, group=None: gathered.__setitem__(slice(None), [obj] * 2),
+    )
     monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
     acc.save({"x": torch.ones(1)}, tmp_path / "rank1.pt")
     assert not (tmp_path / "rank1.pt").exists()

@@ -200,3 +200,45 @@ def test_in_a_device_loader_loop_the_next_batch_marks_the_step_and_break_marks_t
     before = marks()
     tpu.optimizer_step(optimizer)
     assert marks() == before + 1
+
+
+def test_with_several_replicas_a_closure_runs_first_then_the_reduction_then_the_step(
+    tpu: accel.Accelerator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Faked, two replicas: ``xr.world_size()`` says 2 and ``xm.all_reduce`` adds a second
+    replica's gradient (twice the local one), so the step shows whether it used reduced
+    gradients. The closure computes the gradients, so the reduction must come after it."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    events: list[str] = []
+
+    def all_reduce(op: str, inputs: list[torch.Tensor], scale: float = 1.0, **_: Any) -> Any:
+        events.append(f"all_reduce of {len(inputs)}")
+        for tensor in inputs:
+            tensor.mul_(3.0 * scale)  # this replica's g plus the other's 2g, averaged
+        return inputs
+
+    monkeypatch.setattr(xr, "world_size", lambda: 2)
+    monkeypatch.setattr(xm, "all_reduce", all_reduce)
+    model = tpu.model_to_device(torch.nn.Linear(2, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    real_step = optimizer.step
+    monkeypatch.setattr(optimizer, "step", lambda c: (events.append("step"), real_step(c))[1])
+    before = {name: p.detach().cpu() for name, p in model.named_parameters()}
+    local: dict[str, torch.Tensor] = {}
+
+    def closure() -> torch.Tensor:
+        events.append("closure")
+        optimizer.zero_grad()
+        loss = model(torch.ones(1, 2, device=tpu.device)).sum()
+        loss.backward()
+        local.update({n: p.grad.cpu() for n, p in model.named_parameters()})  # type: ignore[union-attr]
+        return loss
+
+    loss = tpu.optimizer_step(optimizer, closure)
+    assert isinstance(loss, torch.Tensor)
+    assert events == ["step", "closure", "all_reduce of 2"]  # nothing reduced before the closure
+    for name, param in model.named_parameters():  # stepped with the reduced gradients
+        expected = before[name] - 0.1 * 1.5 * local[name]
+        torch.testing.assert_close(param.detach().cpu(), expected)

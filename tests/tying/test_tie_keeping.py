@@ -97,8 +97,9 @@ def test_tie_check_error_raises_and_restores_on_a_declared_device() -> None:
 def test_tie_check_warn_and_off_on_a_declared_device() -> None:
     npu = _npu()
     npu.tie_check = "warn"
-    with pytest.warns(accel.TyingWarning, match="tied weights came apart"):
+    with pytest.warns(accel.TyingWarning, match="tied weights came apart") as record:
         model = npu.model_to_device(UntiesOnPurpose())
+    assert [w.filename for w in record if w.category is accel.TyingWarning] == [__file__]
     assert model.head.weight is model.embed.weight
     npu.tie_check = "off"
     with warnings.catch_warnings():
@@ -108,8 +109,11 @@ def test_tie_check_warn_and_off_on_a_declared_device() -> None:
 
 
 def test_a_tie_that_would_appear_is_undone_with_a_warning_on_a_declared_device() -> None:
-    with pytest.warns(accel.TyingWarning, match="new ties appeared moving the model to meta"):
+    with pytest.warns(accel.TyingWarning, match="new ties appeared moving the model to meta") as r:
         model = _npu().model_to_device(TiesOnTieWeights())
+    assert [w.filename for w in r if w.category is accel.TyingWarning] == [
+        __file__
+    ]  # the user's line
     assert model.head.weight is not model.embed.weight
 
 
@@ -163,3 +167,103 @@ def test_tying_warning_is_public() -> None:
     assert issubclass(accel.TyingWarning, UserWarning)
     assert not issubclass(accel.TyingWarning, accel.AcceleratorError)  # a warning, not an error
     assert accel.TyingWarning is accel.errors.TyingWarning
+
+
+class TyingVendorPlugin(VendorPlugin):
+    """A vendor whose move ties ``b.weight`` to ``a.weight``: a tie the model never had."""
+
+    @accel.hookimpl
+    def get_device(self) -> torch.device:
+        return torch.device("cpu")  # values stay comparable
+
+    @accel.hookimpl
+    def model_to_device(self, model: nn.Module, device: torch.device) -> nn.Module:
+        moved = model.to(device)
+        moved.b.weight = moved.a.weight
+        return moved
+
+
+def _two_layers() -> nn.Module:
+    model = nn.ModuleDict({"a": nn.Linear(2, 2, bias=False), "b": nn.Linear(2, 2, bias=False)})
+    with torch.no_grad():
+        model.a.weight.fill_(1.0)
+        model.b.weight.fill_(2.0)
+    return model
+
+
+def _tying_npu(tie_check: accel.TieCheck) -> accel.Accelerator:
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    registry.register(TyingVendorPlugin())
+    return registry.get_accelerator("npu", tie_check=tie_check)
+
+
+def test_a_tie_a_vendor_move_creates_raises_under_error_and_the_model_is_restored() -> None:
+    model = _two_layers()
+    b_weight = model.b.weight
+    with pytest.raises(accel.WeightTyingError, match="new ties appeared") as info:
+        _tying_npu("error").model_to_device(model)
+    assert info.value.appeared_groups == [("a.weight", "b.weight")]
+    assert model.b.weight is b_weight and torch.equal(b_weight, torch.full((2, 2), 2.0))
+
+
+@pytest.mark.parametrize("tie_check", ["warn", "off"])
+def test_under_warn_and_off_a_vendor_move_keeps_the_ties_and_values_of_before(
+    tie_check: accel.TieCheck,
+) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        moved = _tying_npu(tie_check).model_to_device(_two_layers())
+    assert moved.b.weight is not moved.a.weight
+    assert torch.equal(moved.a.weight, torch.full((2, 2), 1.0))
+    assert torch.equal(moved.b.weight, torch.full((2, 2), 2.0))  # not a's 1.0
+    assert isinstance(moved.b.weight, nn.Parameter) and moved.b.weight.requires_grad
+    assert count_unique_parameters(moved) == 2
+    tying = [w for w in caught if issubclass(w.category, accel.TyingWarning)]
+    if tie_check == "off":
+        assert tying == []
+    else:
+        assert len(tying) == 1
+        assert "keeps the ties and values it had before the move" in str(tying[0].message)
+
+
+class GrowingVendorPlugin(TyingVendorPlugin):
+    """A vendor whose move adds a parameter: no tie to take apart, so the model cannot
+    be brought back to what it was, and the warning must not say it was."""
+
+    @accel.hookimpl
+    def model_to_device(self, model: nn.Module, device: torch.device) -> nn.Module:
+        moved = model.to(device)
+        moved.a.extra = nn.Parameter(torch.zeros(1))
+        return moved
+
+
+def test_under_warn_a_move_accel_cannot_bring_back_says_so() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    registry.register(GrowingVendorPlugin())
+    npu = registry.get_accelerator("npu", tie_check="warn")
+    with pytest.warns(accel.TyingWarning) as caught:
+        npu.model_to_device(_two_layers())
+    message = str(caught[0].message)
+    assert "Before: 2 After: 3" in message
+    assert "could not bring the model back to the ties it had before the move" in message
+    assert "keeps the ties and values" not in message
+
+
+def test_the_tying_error_and_warning_name_the_plugin_whose_move_made_the_tie() -> None:
+    plugin = "plugin 'test_tie_keeping.TyingVendorPlugin' (test_tie_keeping.TyingVendorPlugin)"
+    with pytest.raises(accel.WeightTyingError) as info:
+        _tying_npu("error").model_to_device(_two_layers())
+    message = str(info.value)
+    assert f"by the model_to_device hook of {plugin}" in message
+    assert "Report this to the plugin's authors" in message
+    assert "tie_word_embeddings" not in message  # no tie_weights() ran: no checkpoint hint
+    with pytest.warns(accel.TyingWarning) as caught:
+        _tying_npu("warn").model_to_device(_two_layers())
+    assert f"by the model_to_device hook of {plugin}" in str(caught[0].message)
+
+
+def test_a_tie_the_models_own_tie_weights_breaks_blames_no_plugin() -> None:
+    with pytest.raises(accel.WeightTyingError) as info:
+        _npu().model_to_device(UntiesOnPurpose())
+    assert "model_to_device hook of" not in str(info.value)
+    assert "tie_weights(), which changed them" in str(info.value)

@@ -3,14 +3,18 @@
 Usage: torchrun --nproc-per-node N fsdp_reshard.py save|load DIR
 
 ``save`` (two ranks): a tied model sharded with ``fully_shard_tied``, two AdamW steps,
-``save_sharded`` to ``DIR/ckpt``. ``load`` (any number of ranks): the same model,
-sharded over this world, ``load_sharded`` from ``DIR/ckpt``. Either way the main process writes
-the full (gathered) parameters and AdamW moments to ``DIR/<mode>.pt``, to compare.
+``save_sharded`` to ``DIR/ckpt`` with ``acc.rng_state()``, every generator seeded by
+rank. ``load`` (any number of ranks): the same model, sharded over this world,
+``load_sharded`` from ``DIR/ckpt``, then ``acc.set_rng_state``. Either way the main
+process writes the full (gathered) parameters and AdamW moments to ``DIR/<mode>.pt``,
+and each rank its torch generator's state (and, loading, the warnings it got) to
+``DIR/<mode>-rank<r>.pt``, to compare.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -42,17 +46,29 @@ def main() -> int:
     accel.distributed.fully_shard_tied(model, [model.embed, model.head])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     state = {"model": model, "optimizer": optimizer}
+    caught: list[str] = []
     if mode == "save":
+        acc.manual_seed(500 + context.rank)  # the ranks' generators differ
         data = torch.Generator().manual_seed(7)
         for _ in range(2):
             tokens = torch.randint(0, VOCAB, (2, 5), generator=data)
             model(tokens).logsumexp(-1).mean().backward()
             acc.optimizer_step(optimizer)
             optimizer.zero_grad()
-        accel.distributed.save_sharded({**state, "step": 2}, directory / "ckpt")
+        accel.distributed.save_sharded(
+            {**state, "step": 2, "rng": acc.rng_state()}, directory / "ckpt"
+        )
         step = 2
     else:
-        step = accel.distributed.load_sharded(directory / "ckpt", {**state, "step": 0})["step"]
+        placeholders = {**state, "step": 0, "rng": acc.rng_state()}
+        with warnings.catch_warnings(record=True) as records:
+            warnings.simplefilter("always")
+            remainder = accel.distributed.load_sharded(directory / "ckpt", placeholders)
+        caught = [str(record.message) for record in records]
+        acc.set_rng_state(remainder["rng"])
+        step = remainder["step"]
+    mine = {"torch": torch.get_rng_state(), "warnings": caught}
+    torch.save(mine, directory / f"{mode}-rank{context.rank}.pt")
     names = dict(model.named_parameters())
     full = {name: _full(p) for name, p in names.items()}
     moments = {

@@ -9,17 +9,28 @@ writes its shards). A checkpoint every 3 steps, the newest two kept, under
 ``acc.preemption_guard()``; the full parameters go to ``DIR/final.pt`` at the end.
 
 - ``KILL_AFTER_STEP=n``: every rank SIGKILLs itself right after step ``n``;
+- ``KILL_RANK=r`` with ``KILL_AFTER_STEP``: only rank ``r`` SIGKILLs itself, and only in
+  torchrun's first attempt (``TORCHELASTIC_RESTART_COUNT`` 0), so that a restart runs on;
 - ``TERM_AFTER_STEP=n``: rank 1 alone gets SIGTERM after step ``n``; both ranks must
-  save at the same step and exit 0.
+  save at the same step and exit 0;
+- ``SLOW_STEP_S=s``: a run that did not resume sleeps ``s`` seconds after each step,
+  so that a scheduler's signal finds it training (the resumed run goes at full speed);
+- ``SEED_PER_RANK=1``: once the model is built, every generator (torch, Python,
+  NumPy) is seeded by rank, and each step's loss is scaled by a draw from Python's
+  and NumPy's: the ranks' dropout masks and scales differ. Each rank then writes its
+  own ``DIR/final-rank<r>.pt``: the full parameters and its generators' final states.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import sys
+import time
 from pathlib import Path
 
+import numpy
 import torch
 from torch import nn
 
@@ -47,6 +58,10 @@ def main() -> int:
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 9
     kill_after = int(os.environ.get("KILL_AFTER_STEP", "-1"))
     term_after = int(os.environ.get("TERM_AFTER_STEP", "-1"))
+    kill_rank = os.environ.get("KILL_RANK")
+    if kill_rank is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        kill_after = -1  # restarted by torchrun: run to the end
+    slow_step_s = float(os.environ.get("SLOW_STEP_S", "0"))
     directory.mkdir(parents=True, exist_ok=True)
     context = accel.distributed.init_process_group("cpu", timeout=60)
     acc, rank = context.accelerator, context.rank
@@ -59,6 +74,11 @@ def main() -> int:
     optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+    per_rank = os.environ.get("SEED_PER_RANK") == "1"
+    if per_rank:  # after the model: its initial values stay the same on every rank
+        acc.manual_seed(1000 + rank)
+        random.seed(2000 + rank)
+        numpy.random.seed(3000 + rank)
     step = 0
     newest = latest_checkpoint(directory)
     if newest is not None:
@@ -70,6 +90,7 @@ def main() -> int:
         step = remainder["step"]
         acc.set_rng_state(remainder["rng"])
         print(f"rank {rank} resumed from {newest.name} at step {step}", flush=True)
+        slow_step_s = 0.0
 
     data = torch.Generator().manual_seed(7)
     for _ in range(step):  # the data order continues where it stopped
@@ -80,13 +101,16 @@ def main() -> int:
             mine = tokens[rank * 2 : (rank + 1) * 2]
             logits = trained(mine[:, :-1])
             loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), mine[:, 1:].reshape(-1))
+            if per_rank:
+                loss = loss * (1 + random.random() / 10 + float(numpy.random.rand()) / 10)
             loss.backward()
             acc.optimizer_step(optimizer)
             optimizer.zero_grad()
             scheduler.step()
             step += 1
-            if step == kill_after:
+            if step == kill_after and kill_rank in (None, str(rank)):
                 os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(slow_step_s)
             if step == term_after and rank == 1:
                 os.kill(os.getpid(), signal.SIGTERM)
             requested = guard.requested  # every rank reads it at every step
@@ -101,12 +125,21 @@ def main() -> int:
                     prune_checkpoints(directory, keep=2)
             if requested:
                 print(f"rank {rank} preempted: saved step {step}", flush=True)
+                noted = "nothing" if guard.received is None else signal.Signals(guard.received).name
+                print(f"rank {rank} noted {noted}", flush=True)
                 break
     if step == steps:
         full = {name: _full(p) for name, p in model.named_parameters(remove_duplicate=False)}
         acc.save(
             {"model": full, "tied": model.head.weight is model.embed.weight}, directory / "final.pt"
         )
+        if per_rank:  # each rank its own file: acc.save writes on rank 0 only
+            generators = {
+                "torch": torch.get_rng_state(),
+                "python": torch.tensor(random.getstate()[1]),
+                "numpy": torch.from_numpy(numpy.random.get_state()[1].astype("int64")),
+            }
+            torch.save({"model": full, "rng": generators}, directory / f"final-rank{rank}.pt")
     accel.distributed.destroy_process_group()
     return 0
 

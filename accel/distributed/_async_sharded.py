@@ -1,0 +1,104 @@
+"""``save_sharded(state, path, asynchronous=True)``: DCP's own ``async_save``, writing
+into the temporary directory, and then the commit of a synchronous sharded save, run
+in the background. Once every rank's shards and DCP's ``.metadata`` are written, rank
+0 renames the directory to ``path`` and every rank's ``wait()`` returns.
+
+``async_save`` stages the state before it returns. Its default stager copies every
+tensor into new CPU storage (CPU tensors too, so the loop's next steps never reach the
+checkpoint), and then DCP writes in a thread of its own. It needs a process group that
+can talk from the host: accel passes the gloo group of its asynchronous saves
+(:func:`~accel.training._async_save.save_group`), so it works under nccl too. The
+commit waits on DCP's future in accel's background thread, so one save stays in
+flight, shared with ``acc.save``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.checkpoint import state_dict_saver
+
+from accel._util.files import fsync_directory
+from accel.errors import AcceleratorOSError, AcceleratorValueError
+from accel.training._async_save import (
+    PendingSave,
+    check_asynchronous,
+    one_save_at_a_time,
+    save_group,
+    start_background,
+)
+
+__all__ = ["check_sharded_asynchronous", "save_sharded_in_background"]
+
+
+def check_sharded_asynchronous(asynchronous: object, spmd: bool) -> None:
+    """:raises TypeError: ``asynchronous`` is not a bool.
+    :raises AcceleratorValueError: ``asynchronous=True`` under XLA SPMD."""
+    check_asynchronous("save_sharded", asynchronous)
+    if asynchronous and spmd:
+        raise AcceleratorValueError(
+            "save_sharded: asynchronous=True is not supported under XLA SPMD (DCP's "
+            "async_save cannot stage torch_xla's sharded tensors); save with "
+            "asynchronous=False, or use torch_xla's CheckpointManager.save_async"
+        )
+
+
+def save_sharded_in_background(
+    app_state: dict[str, Any], temporary: Path, target: Path
+) -> PendingSave:
+    """Stage ``app_state`` with ``async_save`` into ``temporary`` (on every rank), and
+    rename it to ``target`` in the background once DCP is done on every rank."""
+    distributed = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
+    with one_save_at_a_time():
+        group = save_group() if distributed else None
+        try:
+            response = state_dict_saver.async_save(
+                app_state, checkpoint_id=str(temporary), process_group=group
+            )
+        except BaseException:
+            if rank == 0:
+                shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        # A Future, or (with a stager of its own) a response that holds one.
+        upload = getattr(response, "upload_completion", response)
+
+        def commit(_: None) -> None:
+            _commit(upload, temporary, target, rank, group)
+
+        return start_background(target, commit, None)
+
+
+def _commit(upload: Any, temporary: Path, target: Path, rank: int, group: Any) -> None:
+    failure: BaseException | None = None
+    try:
+        upload.result()  # DCP fails on every rank when one rank could not write
+    except BaseException as exc:
+        failure = exc
+    told: str | None = None
+    if rank == 0:
+        try:
+            if failure is None:
+                os.replace(temporary, target)
+                fsync_directory(target.parent)
+            else:
+                shutil.rmtree(temporary, ignore_errors=True)
+        except BaseException as exc:
+            failure = failure or exc
+        if failure is not None:
+            told = f"{type(failure).__name__}: {failure}"
+    if group is not None:
+        word = [told]
+        dist.broadcast_object_list(word, src=0, group=group)  # the checkpoint has its name
+        told = word[0]
+    if failure is not None:
+        raise failure
+    if told is not None:
+        raise AcceleratorOSError(
+            f"save_sharded: the main process (rank 0) could not complete the checkpoint "
+            f"{str(target)!r}: {told}; the previous checkpoints are unchanged"
+        )
