@@ -14,8 +14,10 @@ __all__ = ["TEMPORARY_MARK", "fsync_directory", "process_alive", "stale_temporar
 
 #: Ends the name of every temporary file or directory a checkpoint writer makes.
 TEMPORARY_MARK: Final = ".accel-tmp"
-# ``<host>.<pid>``, and a random part after them where several threads may save.
-_OWNER: Final = re.compile(r"(?P<host>.+)\.(?P<pid>\d+)(?:\.[0-9a-f]{8})?")
+# ``<host>.<pid>``, and a random part after them where several threads may save. The
+# host is matched lazily: a random part of eight decimal digits ("21219087") must not be
+# read as the pid, with the real pid taken into the host name.
+_OWNER: Final = re.compile(r"(?P<host>.+?)\.(?P<pid>\d+)(?:\.[0-9a-f]{8})?")
 
 
 def fsync_directory(directory: Path) -> None:

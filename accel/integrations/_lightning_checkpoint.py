@@ -23,7 +23,7 @@ from typing_extensions import override
 import accel
 from accel.errors import AcceleratorFileNotFoundError, AcceleratorTypeError
 from accel.integrations._lightning_accelerator import AccelAccelerator, as_lightning_accelerator
-from accel.training.checkpoint._atomic import atomic_save
+from accel.training.checkpoint import atomic_save
 
 __all__ = ["AccelCheckpointIO"]
 

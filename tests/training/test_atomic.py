@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import torch
 
+from accel._util.files import stale_temporaries
 from accel.training.checkpoint._atomic import TEMPORARY_MARK, atomic_save
 
 
@@ -46,3 +50,18 @@ def test_a_symbolic_link_at_the_path_is_replaced_and_its_target_kept(tmp_path: P
     assert not (tmp_path / "last.pt").is_symlink()
     assert torch.load(tmp_path / "last.pt", weights_only=True) == {"step": 2}
     assert (tmp_path / "step-1.pt").read_bytes() == b"the first checkpoint"
+
+
+def test_a_stale_temporary_is_found_whatever_its_random_part(tmp_path: Path) -> None:
+    # The random part of a temporary's name is eight hex digits; about one in forty is
+    # all decimal digits, which a greedy match once took for the pid (and the real pid
+    # for part of the host name), so that temporary stayed forever.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    prefix = f".step.pt.{socket.gethostname()}"
+    stale = [f"{prefix}.{dead.pid}.{random}.accel-tmp" for random in ("21219087", "abc0ef12")]
+    alive = f"{prefix}.{os.getpid()}.21219087.accel-tmp"
+    for name in [*stale, alive]:
+        (tmp_path / name).write_bytes(b"")
+    found = sorted(entry.name for entry in stale_temporaries(tmp_path / "step.pt"))
+    assert found == sorted(stale)
