@@ -1670,14 +1670,14 @@ def _ray_group_backend_mismatch(mp: pytest.MonkeyPatch) -> object:
         accel.distributed.destroy_process_group(barrier=False)
 
 
-@case("ray-loader-not-a-dataloader", TypeError, needs_ray=True)
+@case("ray-loader-not-a-dataloader", accel.AcceleratorTypeError, needs_ray=True)
 def _ray_loader_not_a_dataloader(mp: pytest.MonkeyPatch) -> object:
     from accel.integrations.ray import prepare_data_loader
 
     return prepare_data_loader([torch.zeros(2)], accelerator="cpu")
 
 
-@case("ray-loader-own-sampler", ValueError, needs_ray=True)
+@case("ray-loader-own-sampler", accel.AcceleratorValueError, needs_ray=True)
 def _ray_loader_own_sampler(mp: pytest.MonkeyPatch) -> object:
     from torch.utils.data import DataLoader, WeightedRandomSampler
 
