@@ -62,3 +62,13 @@ def test_the_tied_model_goes_there_and_back_tied_with_its_optimizer(
     step(cpu, back, optimizer, 2)  # the embedding trains: the optimizer holds it
     step(cpu, reference, reference_optimizer, 2)
     assert_same_values(reference, back)
+
+
+def test_a_batch_with_a_transposed_tensor_moves(opencl: accel.Accelerator) -> None:
+    # torch-opencl copies only contiguous host tensors; the plugin's batch hook makes
+    # each one contiguous first, so a view a data pipeline hands over still moves.
+    features = torch.arange(6.0).reshape(2, 3)
+    moved = opencl.batch_to_device({"x": features.T, "n": 3})
+    assert moved["n"] == 3
+    assert moved["x"].device == opencl.device
+    assert torch.equal(moved["x"].cpu(), features.T)

@@ -36,6 +36,8 @@ __all__ = [
 #: The torch release torch-nntile 0.1.0 is built against.
 SUPPORTED_TORCH = "2.9."
 
+_configured = False
+
 
 @accel.hookimpl
 def register_accelerators() -> list[accel.AcceleratorSpec]:
@@ -100,10 +102,11 @@ def mark_step() -> None:
 
 
 @accel.hookimpl
-def synchronize() -> None:
+def synchronize() -> bool:
     runtime = _runtime()
     runtime.execute()  # what is still only recorded must run before there is anything to wait for
     runtime.wait()
+    return True
 
 
 @accel.hookimpl
@@ -152,9 +155,17 @@ def _host_norm(grad: torch.Tensor, norm_type: float) -> torch.Tensor:
 
 
 def _runtime() -> Any:
-    """torch_nntile, imported and with StarPU's workers started (once per process)."""
+    """torch_nntile, imported and with StarPU's workers configured (once per process)."""
     import torch_nntile
 
-    if not torch_nntile.is_context_initialized():
-        torch_nntile.init_context()
+    global _configured
+    if not _configured:
+        # The context reports itself initialised only after its first operation, and
+        # refuses a second configuration: configure once, unless someone already did.
+        try:
+            torch_nntile.init_context()
+        except RuntimeError as exc:
+            if "already locked" not in str(exc):
+                raise
+        _configured = True
     return torch_nntile

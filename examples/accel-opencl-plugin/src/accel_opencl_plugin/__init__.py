@@ -110,9 +110,10 @@ def batch_to_device(batch: Any, device: torch.device) -> Any:
 
 
 @accel.hookimpl
-def synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> bool:
     # torch-opencl has no synchronize; a read back to the host waits for the queue.
     torch.zeros(1, device=device).cpu()
+    return True
 
 
 @accel.hookimpl
