@@ -110,11 +110,13 @@ def synchronize() -> bool:
 
 
 @accel.hookimpl
-def autocast(dtype: torch.dtype | None) -> AbstractContextManager[Any]:
+def autocast(accelerator: str, dtype: torch.dtype | None) -> AbstractContextManager[Any]:
     # Full precision never reaches this hook (accel answers it); anything else cannot run.
-    raise ValueError(
-        f"nntile cannot autocast to {dtype or 'half precision'}: its tensors are float32 "
-        f"or int64; train in float32 (acc.autocast(enabled=False), or no autocast)"
+    # accel's own error type, so that callers (grad_scaler's) know "this device cannot".
+    raise accel.AcceleratorValueError(
+        f"accelerator {accelerator!r} cannot autocast to {dtype or 'a lower precision'}: "
+        f"nntile tensors are float32 or int64; train in float32 (leave autocast out, or "
+        f"acc.autocast(enabled=False))"
     )
 
 
