@@ -77,6 +77,8 @@ class Accelerator:
         #: The :class:`torch.device` models and batches move to, e.g. ``xla:0``.
         self.device = device
         self._tie_check: TieCheck = tie_check
+        if spec.unties_weights:  # from now on, moves leaving this device type keep ties
+            hooks.untying_device_types.learn(device.type)
 
     @property
     def name(self) -> str:

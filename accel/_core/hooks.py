@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from accel._core.blame import note_culprit
+from accel._core.untying import UntyingDeviceTypes
 from accel._util.names import describe_index_range
 from accel._util.notes import REPORT_TO_AUTHORS
 from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError, PluginError
@@ -52,11 +53,26 @@ class _Listed(NamedTuple):
 class AcceleratorHooks:
     """The hooks of one accelerator, as its handle calls them."""
 
-    __slots__ = ("_alive", "_implementations", "_manager", "_providers", "name")
+    __slots__ = (
+        "_alive",
+        "_implementations",
+        "_manager",
+        "_providers",
+        "name",
+        "untying_device_types",
+    )
 
-    def __init__(self, name: str, manager: pluggy.PluginManager, providers: dict[str, str]):
+    def __init__(
+        self,
+        name: str,
+        manager: pluggy.PluginManager,
+        providers: dict[str, str],
+        untying_device_types: UntyingDeviceTypes | None = None,
+    ):
         #: Canonical accelerator name, passed to every hook as ``accelerator``.
         self.name = name
+        #: The registry's untying device types, shared by all its accelerators.
+        self.untying_device_types = untying_device_types or UntyingDeviceTypes()
         self._manager = manager
         self._providers = providers  # plugin name -> provider, shared with the dispatcher
         self._implementations: dict[str, _Listed] = {}
@@ -141,7 +157,18 @@ class AcceleratorHooks:
     def batch_to_device(self, batch: Any, device: torch.device) -> Any:
         listed = self._listed("batch_to_device")
         if listed.fallback_only:  # every step of every loop: not even _first's frame
-            return listed.call_order[0].function(batch=batch, device=device)
+            fallback = listed.call_order[0]
+            try:
+                return fallback.function(batch=batch, device=device)
+            except Exception as exc:  # named like every other hook's failure
+                note_culprit(
+                    exc,
+                    self._caller("batch_to_device"),
+                    "batch_to_device",
+                    self.provider_of,
+                    culprit=fallback,
+                )
+                raise
         return self._first("batch_to_device", batch=batch, device=device)[0]
 
     # -- the training step --------------------------------------------------------
