@@ -237,7 +237,7 @@ class AcceleratorHooks:
         self._each("mark_step", device=device)
 
     def synchronize(self, device: torch.device) -> None:
-        self._each("synchronize", device=device)
+        self._first("synchronize", device=device)
 
     def manual_seed(self, seed: int, device: torch.device) -> None:
         self._each("manual_seed", seed=seed, device=device)

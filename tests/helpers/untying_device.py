@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
 import accel
@@ -50,17 +51,25 @@ class DeviceTensor(torch.Tensor):
         return f"DeviceTensor({self.inner!r}, device={self.device})"
 
     @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # copy_ asks for a device guard of the device type, which no backend registered:
+        # done here, before dispatch, as the backend's own copy would.
+        if func is torch.Tensor.copy_ and isinstance(args[0], DeviceTensor):
+            if not isinstance(args[1], DeviceTensor):
+                raise RuntimeError(
+                    f"fake device {args[0].device}: copying a host tensor into a device "
+                    f"tensor is not supported"
+                )
+            with torch.no_grad():
+                args[0].inner.copy_(args[1].inner)
+            return args[0]
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+    @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
         device = next(a.device for a in args if isinstance(a, DeviceTensor))
-        if func is _aten.copy_.default:
-            if not isinstance(args[1], DeviceTensor):
-                raise RuntimeError(
-                    f"fake device {device}: copying a host tensor into a device tensor is "
-                    f"not supported"
-                )
-            args[0].inner.copy_(args[1].inner)
-            return args[0]
         target = kwargs.pop("device", None) if func is _aten._to_copy.default else None
         if func is _aten._to_copy.default and not args[0].inner.is_contiguous():
             raise RuntimeError(f"fake device {device}: only contiguous tensors move")
@@ -95,6 +104,26 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 def values(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s values on the CPU, wherever it is."""
     return _inner(tensor.detach())
+
+
+class HostMoves(TorchFunctionMode):
+    """Within it, ``host_tensor.to(device)`` reaches the fake device (torch itself has
+    no kernels for its type), as ``.to("nntile")`` reaches nntile."""
+
+    def __init__(self, device_type: str = "privateuseone") -> None:
+        super().__init__()
+        self.device_type = device_type
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to and not isinstance(args[0], DeviceTensor):
+            rest = [*args[1:], kwargs.get("device"), kwargs.get("dtype")]
+            target = next((a for a in rest if isinstance(a, (torch.device, str))), None)
+            if target is not None and torch.device(target).type == self.device_type:
+                dtype = next((a for a in rest if isinstance(a, torch.dtype)), None)
+                tensor = args[0] if dtype is None else args[0].to(dtype)
+                return to_device(tensor, torch.device(target))
+        return func(*args, **kwargs)
 
 
 class UntyingDevicePlugin:
