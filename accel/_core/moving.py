@@ -96,7 +96,7 @@ def _move_unties(
     """
     if spec.unties_weights:
         return True  # declared by the plugin: moves to its device untie
-    untying = hooks.untying_device_types.types
+    untying = hooks.untying.types
     if not untying:
         return False
     return device.type in untying or holds_a_tensor_on(model, untying)

@@ -83,7 +83,7 @@ class Dispatcher:
                     manager.register(other, name=other_name)
                 manager.register(plugin, name=name)
                 self._hooks[accelerator] = AcceleratorHooks(
-                    accelerator, manager, self._providers, self._untying
+                    accelerator, manager, self._providers, untying=self._untying
                 )
         else:
             self._cross_cutting.append((plugin, name))
