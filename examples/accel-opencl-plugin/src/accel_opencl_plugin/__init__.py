@@ -47,6 +47,7 @@ def register_accelerators() -> list[accel.AcceleratorSpec]:
             priority=10,  # above the CPU's 0, below every built-in GPU
             description="OpenCL devices via torch-opencl (PrivateUse1)",
             unties_weights=True,  # a move gives every parameter slot a Parameter of its own
+            probing_initialises=True,  # counting devices sets up OpenCL: probe only when asked
         )
     ]
 
