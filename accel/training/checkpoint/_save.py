@@ -82,11 +82,11 @@ def save_checkpoint(
     """:meth:`Accelerator.save`: the steps of the module docstring, in order."""
     checked_path("save", path)
     check_asynchronous("save", asynchronous)
-    with one_save_at_a_time(), _step_marks_unseen(hooks, device):
-        stored = storable(obj, _module_state(hooks, asynchronous))
-        stored = gathered_generators(stored)  # collective: every rank saves
-        hooks.mark_step(device)
-        if not asynchronous:
+    with one_save_at_a_time(), _step_marks_unseen(hooks, device):  # 1. and 2.
+        stored = storable(obj, _module_state(hooks, asynchronous))  # 3.
+        stored = gathered_generators(stored)  # 4. a collective: every rank saves
+        hooks.mark_step(device)  # 5. a no-op on an eager device
+        if not asynchronous:  # 6.
             hooks.save(stored, path)
             return None
         return _write_in_background(stored, Path(os.fspath(path)), hooks)
