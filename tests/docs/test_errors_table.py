@@ -1351,6 +1351,35 @@ def _ckpt_sharded_missing(mp: pytest.MonkeyPatch) -> object:
     return accel.distributed.load_sharded(_saved(1).parent, {"model": TiedLM()})
 
 
+def _plain_dcp_checkpoint(model: nn.Module) -> Path:
+    """``model``'s weights and a step, written by DCP without accel."""
+    import torch.distributed.checkpoint as dcp
+
+    path = _saved(1).parent / "plain-dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP: no process group, so it runs without one
+        dcp.save({"model": model.state_dict(), "step": 7}, checkpoint_id=str(path))
+    return path
+
+
+@case("ckpt-sharded-missing-entry", accel.AcceleratorKeyError)
+def _ckpt_sharded_missing_entry(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+
+    path = _plain_dcp_checkpoint(nn.Linear(2, 2))
+    return accel.distributed.load_sharded(path, {"model": nn.Linear(2, 2), "epoch": 0})
+
+
+@case("ckpt-sharded-unreadable", accel.AcceleratorValueError)
+def _ckpt_sharded_unreadable(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+
+    path = _plain_dcp_checkpoint(nn.Linear(2, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return accel.distributed.load_sharded(path, {"model": nn.Linear(3, 2)})
+
+
 @case("ckpt-sharded-two-models", accel.AcceleratorTypeError)
 def _ckpt_sharded_two_models(mp: pytest.MonkeyPatch) -> object:
     import accel.distributed
