@@ -1679,24 +1679,38 @@ def _ray_outside_train_function(mp: pytest.MonkeyPatch) -> object:
     return prepare_model(TiedLM(), accelerator="cpu")
 
 
-@case("ray-group-backend-mismatch", DistributedSetupError, needs_ray=True)
-def _ray_group_backend_mismatch(mp: pytest.MonkeyPatch) -> object:
+def _prepare_in_a_worker_of_two(mp: pytest.MonkeyPatch, backend: str) -> object:
+    """``prepare_model`` in a worker of two whose group Ray started with its default,
+    gloo (here a world of one in memory), for a plugin declaring ``backend``."""
     import ray.train
 
     from accel.integrations.ray import prepare_model
 
-    # A worker of two whose group Ray started with its default, gloo (here a world of
-    # one in memory), for an accelerator whose plugin declares another backend.
     for name in (*launchers.TORCHRUN_VARIABLES, "LOCAL_WORLD_SIZE"):
         mp.delenv(name, raising=False)
     worker = types.SimpleNamespace(get_world_size=lambda: 2, get_world_rank=lambda: 0)
     mp.setattr(ray.train, "get_context", lambda: worker)
-    registry = isolated_registry(_plugin(distributed_backend=lambda self: "vendorccl"))
+    registry = isolated_registry(_plugin(distributed_backend=lambda self: backend))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         return prepare_model(TiedLM(), accelerator=registry.get_accelerator("npu"))
     finally:
         accel.distributed.destroy_process_group(barrier=False)
+
+
+@case("ray-group-backend-mismatch", DistributedSetupError, needs_ray=True)
+def _ray_group_backend_mismatch(mp: pytest.MonkeyPatch) -> object:
+    return _prepare_in_a_worker_of_two(mp, "hccl")  # one Ray registers: torch_config works
+
+
+@case("ray-group-backend-ray-cannot-start", DistributedSetupError, needs_ray=True)
+def _ray_group_backend_ray_cannot_start(mp: pytest.MonkeyPatch) -> object:
+    return _prepare_in_a_worker_of_two(mp, "vendorccl")
+
+
+@case("ray-group-backend-xla", DistributedSetupError, needs_ray=True)
+def _ray_group_backend_xla(mp: pytest.MonkeyPatch) -> object:
+    return _prepare_in_a_worker_of_two(mp, "xla")
 
 
 @case("ray-loader-not-a-dataloader", accel.AcceleratorTypeError, needs_ray=True)
