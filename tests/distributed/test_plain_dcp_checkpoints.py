@@ -4,7 +4,8 @@ optimizer's state keyed by parameter number (``optimizer.state_dict()``) or by n
 (``torch.distributed.checkpoint.state_dict``). What it cannot read is a typed accel
 error naming the entry, never DCP's ``CheckpointException`` (a ``BaseException``).
 
-One process, no group: DCP runs without one, as it does for a single-rank job."""
+One process: without a group (DCP runs without one) and in a gloo group of one, where
+DCP hands each rank's failure over through the group's object collectives."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -31,6 +33,16 @@ def quiet_dcp() -> Iterator[None]:
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         warnings.filterwarnings("ignore", message=".*process group is not initialized.*")
         yield
+
+
+@pytest.fixture(params=["no group", "gloo"])
+def group(request: pytest.FixtureRequest) -> Iterator[str]:
+    """No process group, or a gloo group of one."""
+    if request.param == "gloo":
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield str(request.param)
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _trained(seed: int) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
@@ -66,6 +78,7 @@ def _assert_restored(saved: tuple[Any, ...], restored: tuple[Any, ...]) -> None:
     assert optimizer_back.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == 0.025
 
 
+@pytest.mark.usefixtures("group")
 def test_torchs_own_layout_with_a_top_level_step_loads(tmp_path: Path) -> None:
     model, optimizer, _ = _trained(0)
     # What torchtitan and torch's recipes write: plain values beside the state dicts.
@@ -142,6 +155,7 @@ def test_a_plain_value_the_checkpoint_lacks_is_a_key_error_naming_it(tmp_path: P
     assert "'model', 'step'" in message  # what the checkpoint does hold
 
 
+@pytest.mark.usefixtures("group")
 def test_a_model_entry_the_checkpoint_lacks_is_a_key_error_naming_it(tmp_path: Path) -> None:
     model = _trained(0)[0]
     dcp.save({"model": model.state_dict(), "step": 7}, checkpoint_id=str(tmp_path / "ckpt"))
@@ -155,6 +169,7 @@ def test_a_model_entry_the_checkpoint_lacks_is_a_key_error_naming_it(tmp_path: P
     assert "of its 6 entries" in message
 
 
+@pytest.mark.usefixtures("group")
 def test_a_tensor_of_another_shape_is_a_value_error(tmp_path: Path) -> None:
     model, _, _ = _trained(0)
     dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp_path / "ckpt"))
