@@ -43,6 +43,7 @@ from accel.distributed._async_sharded import check_sharded_asynchronous, save_sh
 from accel.distributed._dcp_layouts import (
     PLAIN,
     CheckedLoadPlanner,
+    check_plain_loaded,
     lift_plain_values,
     own_forms_saved,
     readable_failure,
@@ -183,6 +184,7 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
     # Every rank's generators were saved as one record where several ranks saved.
     app_state[_PLAIN] = record_placeholders(app_state[_PLAIN], saved, _PLAIN)
     top_level = lift_plain_values(app_state, saved, str(target))  # DCP without accel
+    asked = list(app_state[_PLAIN])
     stateful = {key: value for key, value in state.items() if value is model or is_optimizer(value)}
     own_form = [] if spmd else own_forms_saved(app_state, stateful, saved)
 
@@ -197,6 +199,7 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
     else:
         read(app_state, _weights_only_planner())
     plain = dict(own_generators(app_state[_PLAIN]))  # this rank's generators
+    check_plain_loaded(asked, plain, saved, str(target))
     plain.update((key, app_state[key]) for key in top_level)
     for key, value in state.items():
         if spmd and key in stateful:

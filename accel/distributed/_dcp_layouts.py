@@ -33,6 +33,7 @@ from accel.errors import AcceleratorError, AcceleratorKeyError, AcceleratorValue
 __all__ = [
     "PLAIN",
     "CheckedLoadPlanner",
+    "check_plain_loaded",
     "lift_plain_values",
     "own_forms_saved",
     "readable_failure",
@@ -46,10 +47,14 @@ _SHOWN: Final = 5  # missing entries named in a message; the count says the rest
 def lift_plain_values(app_state: dict[str, Any], saved: Collection[str], path: str) -> list[str]:
     """Move each plain placeholder of ``app_state[PLAIN]`` that the checkpoint holds
     at the top level (DCP without accel) to ``app_state`` itself; return their keys.
-    One stored under ``accel.plain`` (accel's layout) stays.
+    One stored under ``accel.plain`` (accel's layout) stays; where the plain values
+    were stored as one object (torch_xla's SPMD planner does not flatten them), all
+    stay, and :func:`check_plain_loaded` checks them once loaded.
 
     :raises AcceleratorKeyError: the checkpoint holds a plain value in neither place.
     """
+    if PLAIN in saved:
+        return []
     lifted = []
     for key in list(app_state[PLAIN]):
         if _holds(saved, f"{PLAIN}.{key}"):
@@ -58,13 +63,27 @@ def lift_plain_values(app_state: dict[str, Any], saved: Collection[str], path: s
             app_state[key] = app_state[PLAIN].pop(key)
             lifted.append(key)
             continue
-        raise AcceleratorKeyError(
-            f"load_sharded: the checkpoint at {path!r} has no entry for state[{key!r}] "
-            f"(neither {f'{PLAIN}.{key}'!r}, where save_sharded stores it, nor {key!r}, "
-            f"where torch.distributed.checkpoint.save does); it holds entries for "
-            f"{_holdings(saved)}: drop {key!r} from state, or load a checkpoint that has it"
-        )
+        raise _no_plain_entry(key, saved, path)
     return lifted
+
+
+def check_plain_loaded(
+    asked: Collection[str], loaded: Mapping[str, Any], saved: Collection[str], path: str
+) -> None:
+    """:raises AcceleratorKeyError: a plain value asked for is not among those loaded
+    (stored as one object, they replace the placeholders whole)."""
+    for key in asked:
+        if key not in loaded:
+            raise _no_plain_entry(key, saved, path)
+
+
+def _no_plain_entry(key: str, saved: Collection[str], path: str) -> AcceleratorKeyError:
+    return AcceleratorKeyError(
+        f"load_sharded: the checkpoint at {path!r} has no entry for state[{key!r}] "
+        f"(neither {f'{PLAIN}.{key}'!r}, where save_sharded stores it, nor {key!r}, "
+        f"where torch.distributed.checkpoint.save does); it holds entries for "
+        f"{_holdings(saved)}: drop {key!r} from state, or load a checkpoint that has it"
+    )
 
 
 def own_forms_saved(
@@ -162,7 +181,9 @@ def _holdings(saved: Collection[str]) -> str:
 
 def _top_level(saved: Collection[str]) -> Iterator[str]:
     for entry in saved:
-        if entry.startswith(f"{PLAIN}."):
+        if entry == PLAIN:
+            yield PLAIN  # the plain values as one object
+        elif entry.startswith(f"{PLAIN}."):
             yield entry[len(PLAIN) + 1 :].split(".", 1)[0]
         else:
             yield entry.split(".", 1)[0]
