@@ -6,17 +6,19 @@ entries it is given, by the same names. Two layouts reach :func:`load_sharded`:
 
 - accel's own (:func:`save_sharded`): the module and each optimizer under their keys
   of ``state``, in :mod:`torch.distributed.checkpoint.state_dict`'s form (optimizer
-  state keyed by parameter name), and every plain value under ``accel.plain``;
+  state keyed by parameter name), and every plain value under ``accel.plain`` (under
+  XLA SPMD, whose planner does not flatten them, as one entry ``accel.plain``);
 - one written by ``torch.distributed.checkpoint.save`` without accel (torchtitan's,
   torch's recipes): the same keys, but the plain values at the top level beside them,
   and the optimizer's state either in that form or in ``optimizer.state_dict()``'s
   (keyed by parameter number); a module may be stored through its own
   ``state_dict()`` (a ``DistributedDataParallel``'s, prefixed ``module.``).
 
-Here each key of ``state`` is matched to the entries the checkpoint holds before DCP
-runs, and an entry that is not there becomes an :class:`AcceleratorKeyError` naming it,
-where DCP would raise its ``CheckpointException``, a ``BaseException`` that
-``except Exception`` lets through.
+Here each plain value of ``state`` is matched to the entries the checkpoint holds
+before DCP runs; the module's and the optimizers' entries are checked by the load
+planner (:class:`CheckedLoadPlanner`), with DCP's own flattened names. An entry that
+is not there becomes an :class:`AcceleratorKeyError` naming it, where DCP would raise
+its ``CheckpointException``, a ``BaseException`` that ``except Exception`` lets through.
 """
 
 from __future__ import annotations
