@@ -85,7 +85,7 @@ def is_main_process() -> bool:
     return dist.get_rank() == 0
 
 
-# -- saving -----------------------------------------------------------------------------
+# -- the save hook's fallback write (the rest of a save: _save.py) --------------------
 
 
 def save_on_main_process(obj: Any, path: str | os.PathLike[str]) -> None:
