@@ -66,7 +66,8 @@ def note_early_signals() -> None:
     """
     global _installed
 
-    if _installed or not _wanted():
+    wanted = _wanted()  # read at every call: a bad value is an error wherever it is met
+    if _installed or not wanted:
         return
     if threading.current_thread() is not threading.main_thread():
         return  # handlers are set in the main thread only: its next call installs them
