@@ -31,7 +31,7 @@ from helpers.distributed import (  # noqa: F401  (an autouse fixture)
     read_reports,
     worker_env,
 )
-from helpers.doc_blocks import REPO, parse_page
+from helpers.doc_blocks import REPO, slurm_batch_script
 
 pytestmark = [
     pytest.mark.launchers,
@@ -251,13 +251,7 @@ def docs_batch_script(train: list[str]) -> str:
     from ``ckpt`` and finishes with ``ckpt/final.pt``, as resumable_ranks.py does when
     given ``ckpt``, run from the job's directory (``--chdir``).
     """
-    blocks = [
-        block
-        for block in parse_page(TRAINING_DOC).blocks
-        if block.language == "bash" and "#SBATCH" in block.code
-    ]
-    assert len(blocks) == 1, f"{TRAINING_DOC} should show one SLURM batch script"
-    [block] = blocks
+    block = slurm_batch_script(TRAINING_DOC)
     assert block.code.count("srun python train.py") == 1, block.code
     return block.code.replace("srun python train.py", f"srun {' '.join(train)}")
 
@@ -341,7 +335,11 @@ def test_the_time_limits_signal_saves_requeues_and_the_job_resumes_exactly(
     runs = re.findall(r"^job \d+ run (\d+)$", job_output, flags=re.MULTILINE)
     assert runs == ["0", "1"], job_output[-4000:]  # requeued once, by the script
     assert job_output.count("stopped early: requeueing") == 1
-    assert job_output.count("noted SIGUSR1") == 2  # both ranks, from SLURM's --signal
+    # Both ranks, from SLURM's --signal: while they train, or (on a busy machine, whose
+    # start-up outlasts the signal's 20 s) while they start up, then also "before the
+    # loop", and they save at step 1. Either way the run saves, leaves and resumes.
+    noted = re.findall(r"^rank (\d) noted SIGUSR1$", job_output, flags=re.MULTILINE)
+    assert sorted(noted) == ["0", "1"], job_output[-4000:]
     saved = re.findall(r"rank (\d) preempted: saved step (\d+)", job_output)
     assert sorted(rank for rank, _ in saved) == ["0", "1"]
     [step] = {int(step) for _, step in saved}  # the same step on both ranks
