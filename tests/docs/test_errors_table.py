@@ -341,6 +341,12 @@ def _env_malformed(mp: pytest.MonkeyPatch) -> object:
     return isolated_registry().get_accelerator()
 
 
+@case("env-early-signals-bad-value", accel.AcceleratorValueError)
+def _env_early_signals_bad_value(mp: pytest.MonkeyPatch) -> object:
+    mp.setenv("ACCEL_EARLY_SIGNALS", "maybe")  # refused before any handler is installed
+    return isolated_registry().get_accelerator("cpu")
+
+
 @case("env-index-beyond-count", accel.AcceleratorUnavailableError)
 def _env_index_beyond_count(mp: pytest.MonkeyPatch) -> object:
     mp.setenv("ACCEL_ACCELERATOR", "cpu:3")
