@@ -26,6 +26,7 @@ from accel._util.names import PLUGINS_ENV
 from accel._util.warn import warn_at_caller
 from accel.errors import PluginError, PluginWarning
 from accel.markers import PROJECT_NAME
+from accel.training.checkpoint._early_signals import note_early_signals
 from accel.types import AcceleratorInfo, AcceleratorSpec, PluginFailure, TieCheck
 
 if TYPE_CHECKING:
@@ -129,7 +130,12 @@ class AcceleratorRegistry:
         :raises AcceleratorUnavailableError: it exists but cannot be used here, or
             the device index is beyond its device count.
         :raises PluginError: several installed plugins claim that name.
+        :raises AcceleratorValueError: also for a value of ``$ACCEL_EARLY_SIGNALS`` accel
+            does not recognise.
         """
+        # A run's first call into accel: from here on (loading plugins may take
+        # seconds) a preemption signal is noted for the guard, not fatal.
+        note_early_signals()
         return self._loaded().selector.select(name, tie_check)
 
     def distributed_backends(self, name: str) -> dict[str, str]:

@@ -22,6 +22,7 @@ from accel.distributed._restarts import attempt_store
 from accel.distributed._xla_group import start_xla_group
 from accel.errors import AcceleratorValueError
 from accel.training.checkpoint._async_save import wait_for_saves
+from accel.training.checkpoint._early_signals import note_early_signals
 
 if TYPE_CHECKING:
     import torch
@@ -107,6 +108,7 @@ def init_process_group(
     """
     global _active
 
+    note_early_signals()  # a preemption signal from here on is noted for the guard
     timeout_delta = _as_timedelta(timeout)
     if not dist.is_available():
         raise DistributedSetupError(

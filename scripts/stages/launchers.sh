@@ -5,9 +5,9 @@
 # munged, slurmctld and slurmd from a private directory with their own config, key,
 # socket and loopback ports, waits for the node to be idle, runs
 # tests/distributed/test_real_launchers.py (pytest marker `launchers`) against them,
-# and stops exactly the daemons it started, by the pids it recorded. 4 minutes on
-# 2 idle cores (the preemption test's requeued job 1.5 of them), nearer 5.5 on a busy
-# machine.
+# and stops exactly the daemons it started, by the pids it recorded. About 5.5 minutes
+# on 2 idle cores (the two preemption tests' requeued jobs 3 of them; both run the
+# batch script docs/training.md shows), nearer 7 on a busy machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo="$(pwd)"
@@ -137,7 +137,7 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 # cred_expire: a requeued job waits this long before it may start again (120 s by
-# default); the preemption test requeues its job once.
+# default); each preemption test requeues its job once.
 AuthInfo=socket=$dir/munge.sock,cred_expire=15
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool

@@ -31,6 +31,7 @@ from helpers.distributed import (  # noqa: F401  (an autouse fixture)
     read_reports,
     worker_env,
 )
+from helpers.doc_blocks import REPO, slurm_batch_script
 
 pytestmark = [
     pytest.mark.launchers,
@@ -236,63 +237,66 @@ def test_two_concurrent_steps_of_one_job_get_ports_of_their_own(tmp_path: Path) 
     assert a_start < b_end and b_start < a_end, "the two steps did not run at the same time"
 
 
-#: The preempted job's script, as docs/training.md shows it (the directives are on the
-#: sbatch command line here): the run saves and leaves on SIGUSR1, and the script
-#: requeues the job unless the run finished or failed.
-PREEMPTED_JOB = """#!/bin/bash
-echo "job $SLURM_JOB_ID run ${{SLURM_RESTART_COUNT:-0}}"
-srun {train}
-status=$?
-if [ $status -eq 0 ] && [ ! -e {directory}/final.pt ]; then
-    echo "stopped early: requeueing"
-    scontrol requeue "$SLURM_JOB_ID"
-fi
-exit $status
-"""
+#: The page whose SLURM batch script the preemption tests run, as it is written there.
+TRAINING_DOC = REPO / "docs" / "training.md"
 #: The steps of the preempted run: at SLOW_STEP_S a step, longer than the job's minute.
 PREEMPTED_STEPS = "150"
 
 
-def test_the_time_limits_signal_saves_requeues_and_the_job_resumes_exactly(
-    tmp_path: Path,
-) -> None:
-    resumable = [sys.executable, str(SCRIPTS / "resumable_ranks.py"), "ddp"]
-    reference = tmp_path / "reference"
+def docs_batch_script(train: list[str]) -> str:
+    """docs/training.md's SLURM batch script, ``train`` in place of ``python train.py``.
+
+    Its ``#SBATCH`` lines stay: the options a test passes to sbatch take precedence
+    over them (a shorter limit, two tasks on this machine's two cores). It resumes
+    from ``ckpt`` and finishes with ``ckpt/final.pt``, as resumable_ranks.py does when
+    given ``ckpt``, run from the job's directory (``--chdir``).
+    """
+    block = slurm_batch_script(TRAINING_DOC)
+    assert block.code.count("srun python train.py") == 1, block.code
+    return block.code.replace("srun python train.py", f"srun {' '.join(train)}")
+
+
+def run_docs_batch_script(
+    train: list[str], directory: Path, env: dict[str, str], *options: str
+) -> subprocess.Popen[str]:
+    """Submit the docs' script from ``directory`` (``--wait``); returns the sbatch."""
+    directory.mkdir(parents=True)
+    script = directory / "job.sh"
+    script.write_text(docs_batch_script(train))
+    command = ["sbatch", "--wait", *options, f"--chdir={directory}"]
+    return subprocess.Popen(
+        [*command, f"--output={directory / 'job.out'}", str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finished(sbatch: subprocess.Popen[str], directory: Path, timeout: float) -> str:
+    """Wait for the job, and return its output (the runs' outputs, appended)."""
+    try:
+        output, _ = sbatch.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(sbatch.pid, 9)
+        output, _ = sbatch.communicate()
+    job_output = (directory / "job.out").read_text() if (directory / "job.out").exists() else ""
+    assert sbatch.returncode == 0, (output + job_output)[-4000:]
+    return job_output
+
+
+def reference_run(resumable: list[str], directory: Path, steps: str) -> None:
+    """The uninterrupted run the resumed one must equal."""
     result = launch(
-        ["srun", "-n2", *SLURM_LIMIT, *resumable, str(reference), PREEMPTED_STEPS],
+        ["srun", "-n2", *SLURM_LIMIT, *resumable, str(directory), steps],
         worker_env(SEED_PER_RANK="1"),
     )
     assert result.returncode == 0, result.stdout[-4000:]
 
-    run = tmp_path / "run"
-    script = tmp_path / "job.sh"
-    train = " ".join([*resumable, str(run), PREEMPTED_STEPS])
-    script.write_text(PREEMPTED_JOB.format(train=train, directory=run))
-    output = tmp_path / "job.out"
-    # A minute's limit; SIGUSR1 to the job's steps 10 s before it, which SLURM sends at
-    # its next 30-second check once within 40 s of the end (20-50 s after the start).
-    # The first run sleeps 0.4 s a step (60 s in all), so the signal finds it training;
-    # the requeued one waits cred_expire (15 s, the stage's slurm.conf) and runs at
-    # full speed.
-    options = ["--time=1", "--signal=USR1@10", "--requeue", "--open-mode=append", "-n2"]
-    result = launch(
-        ["sbatch", "--wait", *options, f"--output={output}", str(script)],
-        worker_env(SEED_PER_RANK="1", SLOW_STEP_S="0.4"),
-        timeout=300,
-    )
-    job_output = output.read_text() if output.exists() else ""
-    assert result.returncode == 0, (result.stdout + job_output)[-4000:]
 
-    runs = re.findall(r"^job \d+ run (\d+)$", job_output, flags=re.MULTILINE)
-    assert runs == ["0", "1"], job_output[-4000:]  # requeued once, by the script
-    assert job_output.count("stopped early: requeueing") == 1
-    assert job_output.count("noted SIGUSR1") == 2  # both ranks, from SLURM's --signal
-    saved = re.findall(r"rank (\d) preempted: saved step (\d+)", job_output)
-    assert sorted(rank for rank, _ in saved) == ["0", "1"]
-    [step] = {int(step) for _, step in saved}  # the same step on both ranks
-    assert 0 < step < int(PREEMPTED_STEPS)
-    assert job_output.count(f"resumed from step-{step:09d}.pt at step {step}") == 2
-
+def assert_resumed_exactly(run: Path, reference: Path) -> None:
+    """The final parameters and every rank's generators equal the uninterrupted run's."""
     cpu = accel.get_accelerator("cpu")
     resumed, uninterrupted = cpu.load(run / "final.pt"), cpu.load(reference / "final.pt")
     assert resumed["model"].keys() == uninterrupted["model"].keys()
@@ -303,3 +307,92 @@ def test_the_time_limits_signal_saves_requeues_and_the_job_resumes_exactly(
         expected = torch.load(reference / f"final-rank{rank}.pt", weights_only=True)
         for name, value in expected["rng"].items():
             assert torch.equal(mine["rng"][name], value), (rank, name)
+
+
+def test_the_time_limits_signal_saves_requeues_and_the_job_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    resumable = [sys.executable, str(SCRIPTS / "resumable_ranks.py"), "ddp"]
+    reference = tmp_path / "reference"
+    reference_run(resumable, reference, PREEMPTED_STEPS)
+
+    job = tmp_path / "job"
+    # A minute's limit; SIGUSR1 to the job's steps 10 s before it, which SLURM sends at
+    # its next 30-second check once within 40 s of the end (20-50 s after the start).
+    # The first run sleeps 0.4 s a step (60 s in all), so the signal finds it training;
+    # the requeued one waits cred_expire (15 s, the stage's slurm.conf) and runs at
+    # full speed. --requeue and --open-mode=append are the script's own.
+    sbatch = run_docs_batch_script(
+        [*resumable, "ckpt", PREEMPTED_STEPS],
+        job,
+        worker_env(SEED_PER_RANK="1", SLOW_STEP_S="0.4"),
+        "--time=1",
+        "--signal=USR1@10",
+        "-n2",
+    )
+    job_output = finished(sbatch, job, timeout=300)
+
+    runs = re.findall(r"^job \d+ run (\d+)$", job_output, flags=re.MULTILINE)
+    assert runs == ["0", "1"], job_output[-4000:]  # requeued once, by the script
+    assert job_output.count("stopped early: requeueing") == 1
+    # Both ranks, from SLURM's --signal: while they train, or (on a busy machine, whose
+    # start-up outlasts the signal's 20 s) while they start up, then also "before the
+    # loop", and they save at step 1. Either way the run saves, leaves and resumes.
+    noted = re.findall(r"^rank (\d) noted SIGUSR1$", job_output, flags=re.MULTILINE)
+    assert sorted(noted) == ["0", "1"], job_output[-4000:]
+    saved = re.findall(r"rank (\d) preempted: saved step (\d+)", job_output)
+    assert sorted(rank for rank, _ in saved) == ["0", "1"]
+    [step] = {int(step) for _, step in saved}  # the same step on both ranks
+    assert 0 < step < int(PREEMPTED_STEPS)
+    assert job_output.count(f"resumed from step-{step:09d}.pt at step {step}") == 2
+    assert_resumed_exactly(job / "ckpt", reference)
+
+
+#: The steps of the run signalled during its start-up.
+START_UP_STEPS = "30"
+#: How long that run stays in its start-up (selected, DDP built, before the loop).
+START_UP_HOLD_S = "15"
+
+
+def test_a_signal_during_start_up_is_noted_and_the_run_saves_at_its_first_step(
+    tmp_path: Path,
+) -> None:
+    # The signal arrives after the accelerator is selected and the process group and
+    # DDP are up, before the guard is entered: it used to end both tasks by its
+    # default action, and the script, seeing a failure, did not requeue the job.
+    resumable = [sys.executable, str(SCRIPTS / "resumable_ranks.py"), "ddp"]
+    reference = tmp_path / "reference"
+    reference_run(resumable, reference, START_UP_STEPS)
+
+    job = tmp_path / "job"
+    # A long limit and a late --signal: the only signal is the one sent below.
+    sbatch = run_docs_batch_script(
+        [*resumable, "ckpt", START_UP_STEPS],
+        job,
+        worker_env(SEED_PER_RANK="1", HOLD_AT_START_UP_S=START_UP_HOLD_S),
+        "--time=5",
+        "--signal=USR1@10",
+        "-n2",
+    )
+    started = [job / "ckpt" / f"started-rank{rank}" for rank in (0, 1)]
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    while not all(path.exists() for path in started) and sbatch.poll() is None:
+        assert time.monotonic() < deadline, "the first run did not start up"
+        time.sleep(0.2)
+    [job_id] = re.findall(r"^job (\d+) run 0$", (job / "job.out").read_text(), re.MULTILINE)
+    # SIGUSR1 to every task of the job's steps (not the batch shell), as --signal sends it.
+    signalled = subprocess.run(
+        ["scancel", "--signal=USR1", job_id], capture_output=True, text=True, timeout=30
+    )
+    assert signalled.returncode == 0, signalled.stderr
+    job_output = finished(sbatch, job, timeout=300)
+
+    runs = re.findall(r"^job \d+ run (\d+)$", job_output, flags=re.MULTILINE)
+    assert runs == ["0", "1"], job_output[-4000:]  # requeued by the script
+    assert job_output.count("stopped early: requeueing") == 1
+    for rank in (0, 1):  # noted during start-up on each rank, taken over by the guard
+        assert job_output.count(f"rank {rank} noted SIGUSR1 before the loop") == 1
+    saved = re.findall(r"rank (\d) preempted: saved step (\d+)", job_output)
+    assert sorted(saved) == [("0", "1"), ("1", "1")]  # at the first step, on both
+    assert job_output.count("resumed from step-000000001.pt at step 1") == 2
+    assert_resumed_exactly(job / "ckpt", reference)

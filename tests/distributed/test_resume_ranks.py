@@ -83,6 +83,25 @@ def test_sigterm_to_one_rank_makes_both_save_the_same_step_and_exit_0(tmp_path: 
     _assert_equal(_final(run), reference)
 
 
+def test_a_sigterm_during_start_up_makes_both_ranks_save_at_the_first_step(
+    tmp_path: Path,
+) -> None:
+    # Rank 1 gets SIGTERM after the process group and DDP are up, before the guard:
+    # it used to die of it (and torchrun stopped rank 0). Noted, it is agreed on at
+    # the guard's entry, so both ranks save at the first read, step 1, and exit 0.
+    run = tmp_path / "run"
+    code, output = _launch("ddp", run, TERM_AT_START_UP="1", ACCEL_EARLY_SIGNALS="1")
+    assert code == 0, output
+    assert output.count("rank 1 noted SIGTERM before the loop") == 1
+    assert "rank 0 noted nothing" in output  # it stopped on rank 1's request
+    assert sorted(re.findall(r"rank (\d) preempted: saved step (\d+)", output)) == [
+        ("0", "1"),
+        ("1", "1"),
+    ]
+    newest = latest_checkpoint(run)
+    assert newest is not None and newest.name == "step-000000001.pt"
+
+
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_ranks_seeded_apart_resume_with_their_own_generators(mode: str, tmp_path: Path) -> None:
     # Dropout and the loss scale draw from generators seeded per rank: resumed with

@@ -262,3 +262,12 @@ def masked(shown: str, vary: list[str]) -> str:
         for line in shown.splitlines()
     ]
     return "\n".join(lines)
+
+
+def slurm_batch_script(path: Path) -> Block:
+    """The one SLURM batch script ``path`` shows: its ``bash`` block with ``#SBATCH``
+    lines. The tests run it as it is written there (docs/training.md's)."""
+    blocks = [b for b in parse_page(path).blocks if b.language == "bash" and "#SBATCH" in b.code]
+    if len(blocks) != 1:
+        raise ValueError(f"{display(path)} shows {len(blocks)} SLURM batch scripts, not one")
+    return blocks[0]

@@ -6,7 +6,9 @@ SLURM (``--signal=USR1@90`` or at the time limit), Kubernetes and spot VMs send 
 SIGTERM handler dies on the spot, mid-step or mid-save; the guard notes the signal
 instead. In a :mod:`torch.distributed` job the ranks agree on the flag with an
 all-reduce started at one check and read at the next, so a check never waits on the
-network: the request shows one step after the signal on every rank at once.
+network: the request shows one step after the signal on every rank at once. A signal
+noted before the guard was entered (``_early_signals``: from the run's first call into
+accel) is agreed on at entry, and shows at the first read.
 """
 
 from __future__ import annotations
@@ -21,15 +23,12 @@ import torch.distributed as dist
 
 from accel.errors import AcceleratorRuntimeError
 from accel.training.checkpoint._async_save import wait_for_saves
+from accel.training.checkpoint._early_signals import DEFAULT_SIGNALS, take_early_signal
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["PreemptionGuard"]
-
-#: What the guard notes by default: SIGTERM (Kubernetes, spot VMs, ``scancel``, SLURM's
-#: time limit) and SIGUSR1 (SLURM's ``--signal=USR1@90``).
-DEFAULT_SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1)
 
 #: The guards entered and not yet left, innermost last.
 _ENTERED: Final[list[PreemptionGuard]] = []
@@ -42,7 +41,8 @@ class PreemptionGuard:
     Use it through :meth:`Accelerator.preemption_guard`. Signal handlers can only be set
     from the main thread, so it must be entered there. Guards nest: a signal noted by
     the inner one reaches the enclosing one too, and on exit the inner one passes on a
-    request it saw, so the outer loop stops as well.
+    request it saw, so the outer loop stops as well. A signal noted before it was
+    entered, or outside its own signals by the early handler, is taken over as its own.
     """
 
     __slots__ = (
@@ -78,6 +78,11 @@ class PreemptionGuard:
         # through them: the guards entered (in the main thread) are a stack.
         self._enclosing = _ENTERED[-1] if _ENTERED else None
         _ENTERED.append(self)
+        self._take_early_signal()
+        if _distributed():
+            # Agree now on what was noted before the loop: the first read then has the
+            # answer, so a signal from start-up stops the run at its first step.
+            self._start_agreement(self.received is not None)
         return self
 
     def __exit__(
@@ -106,6 +111,17 @@ class PreemptionGuard:
         # returns, so an asynchronous save must be complete first (and raise here).
         wait_for_saves()
 
+    def _take_early_signal(self) -> None:
+        early = take_early_signal()
+        if self.received is None:
+            self.received = early
+
+    def _start_agreement(self, local: bool) -> None:
+        # nccl reduces device tensors only; gloo host tensors.
+        device = self._device if dist.get_backend() == "nccl" else torch.device("cpu")
+        flag = torch.tensor([int(local)], dtype=torch.int32, device=device)
+        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
+
     def _note(self, number: int, frame: FrameType | None) -> None:
         self.received = number
         if self._enclosing is not None:  # nested: the enclosing guard's loop must stop too
@@ -118,8 +134,9 @@ class PreemptionGuard:
         if self._requested:
             return True
 
+        self._take_early_signal()
         local = self.received is not None
-        if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        if not _distributed():
             self._requested = local
             return local
 
@@ -132,8 +149,10 @@ class PreemptionGuard:
             self._pending = None
             self._requested = True
             return True
-        # nccl reduces device tensors only; gloo host tensors.
-        device = self._device if dist.get_backend() == "nccl" else torch.device("cpu")
-        flag = torch.tensor([int(local)], dtype=torch.int32, device=device)
-        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
+        self._start_agreement(local)
         return False
+
+
+def _distributed() -> bool:
+    """Whether the ranks must agree: a :mod:`torch.distributed` group of several."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

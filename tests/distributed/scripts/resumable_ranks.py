@@ -15,6 +15,11 @@ writes its shards). A checkpoint every 3 steps, the newest two kept, under
   save at the same step and exit 0;
 - ``SLOW_STEP_S=s``: a run that did not resume sleeps ``s`` seconds after each step,
   so that a scheduler's signal finds it training (the resumed run goes at full speed);
+- ``TERM_AT_START_UP=1``: in a run that did not resume, rank 1 alone gets SIGTERM once
+  the process group and DDP are up, before the guard is entered (start-up);
+- ``HOLD_AT_START_UP_S=s``: a run that did not resume writes ``DIR/started-rank<r>``
+  once it is started up (process group, model, DDP) and sleeps ``s`` seconds before its
+  loop, so that a signal sent then finds it starting up;
 - ``SEED_PER_RANK=1``: once the model is built, every generator (torch, Python,
   NumPy) is seeded by rank, and each step's loss is scaled by a draw from Python's
   and NumPy's: the ranks' dropout masks and scales differ. Each rank then writes its
@@ -66,6 +71,8 @@ def main() -> int:
     if kill_rank is not None and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         kill_after = -1  # restarted by torchrun: run to the end
     slow_step_s = float(os.environ.get("SLOW_STEP_S", "0"))
+    term_at_start_up = os.environ.get("TERM_AT_START_UP") == "1"
+    hold_at_start_up_s = float(os.environ.get("HOLD_AT_START_UP_S", "0"))
     directory.mkdir(parents=True, exist_ok=True)
     context = accel.distributed.init_process_group("cpu", timeout=60)
     acc, rank = context.accelerator, context.rank
@@ -94,12 +101,21 @@ def main() -> int:
         step = remainder["step"]
         acc.set_rng_state(remainder["rng"])
         print(f"rank {rank} resumed from {newest.name} at step {step}", flush=True)
-        slow_step_s = 0.0
+        slow_step_s = hold_at_start_up_s = 0.0
+        term_at_start_up = False
+    if term_at_start_up and rank == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+    if hold_at_start_up_s:
+        (directory / f"started-rank{rank}").touch()
+        time.sleep(hold_at_start_up_s)
 
     data = torch.Generator().manual_seed(7)
     for _ in range(step):  # the data order continues where it stopped
         torch.randint(0, VOCAB, (4, 6), generator=data)
     with acc.preemption_guard() as guard:
+        if guard.received is not None:  # a signal from start-up, taken over by the guard
+            name = signal.Signals(guard.received).name
+            print(f"rank {rank} noted {name} before the loop", flush=True)
         while step < steps:
             tokens = torch.randint(0, VOCAB, (4, 6), generator=data)
             mine = tokens[rank * 2 : (rank + 1) * 2]
