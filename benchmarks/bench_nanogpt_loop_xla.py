@@ -9,6 +9,12 @@ every ``optimizer.param_groups`` entry at the top of every iteration, a Python f
 ``zero_grad(set_to_none=True)``. A model this small makes a step mostly host work
 (tracing, dispatch), so this is where accel's per-step Python shows.
 
+Where the batch is taken, ``BENCH_NANOGPT_LOOP_FETCH``: ``top`` (the default), at the
+top of each micro-step, as docs/training.md advises on XLA; ``train.py``, the next
+batch taken between forward and backward, as nanoGPT's ``train.py`` does (with
+``next()`` on the loader), which moves accel's graph cut after the first micro-batch's
+forward.
+
 - accel: ``acc.model_to_device``, ``acc.device_loader``, ``acc.clip_grad_norm_``,
   ``acc.optimizer_step``.
 - torch_xla by hand: ``.to(device)`` (re-tied by hand), ``MpDeviceLoader``,
@@ -22,8 +28,8 @@ alike. Graph compilations and executions are counted per side
 (``torch_xla.debug.metrics``); the last losses of both are printed (they agree: the same
 arithmetic on the same data).
 
-``--profile SIDE`` prints a cProfile of that side's epochs instead (the cumulative
-top), to see where the host time goes.
+``--profile SIDE`` (``accel`` or ``torch_xla``) prints a cProfile of that side's epochs
+instead (by time spent in each function), to see where the host time goes.
 
 Runs in the XLA test environment: ``bash benchmarks/run nanogpt-loop-xla``; alone:
 ``PJRT_DEVICE=CPU python benchmarks/bench_nanogpt_loop_xla.py``. A few minutes.
