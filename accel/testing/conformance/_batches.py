@@ -1,0 +1,91 @@
+"""Promises of batch moves and the device loader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from accel.testing.conformance._catalog import Subject, promise
+
+__all__ = ["PROMISES"]
+
+
+class _Pair(NamedTuple):
+    tokens: torch.Tensor
+    length: int
+
+
+@dataclass
+class _Sample:
+    features: torch.Tensor
+    label: str
+
+
+def _batch() -> dict[str, Any]:
+    """Every container the batch walker knows, tensors of two dtypes, and plain values."""
+    return {
+        "inputs": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        "nested": [torch.ones(2, dtype=torch.int64), (torch.zeros(3), 7)],
+        "pair": _Pair(torch.arange(4), 4),
+        "sample": _Sample(torch.full((2,), 2.5), "cat"),
+        "name": "batch-0",
+        "empty": None,
+    }
+
+
+def _compare(got: Any, expected: Any, device_type: str, where: str) -> None:
+    """Walk both structures together: same containers, tensors on the device with the
+    same values and dtypes, other values unchanged."""
+    assert type(got) is type(expected), (
+        f"{where}: {type(expected).__name__} became {type(got).__name__}"
+    )
+    if isinstance(expected, torch.Tensor):
+        assert got.device.type == device_type, f"{where}: left on {got.device}"
+        assert got.dtype == expected.dtype, f"{where}: {expected.dtype} became {got.dtype}"
+        assert torch.equal(got.to("cpu"), expected), f"{where}: changed value"
+    elif isinstance(expected, dict):
+        assert sorted(got) == sorted(expected), f"{where}: keys {sorted(got)}"
+        for key in expected:
+            _compare(got[key], expected[key], device_type, f"{where}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(got) == len(expected), f"{where}: {len(got)} items, were {len(expected)}"
+        for index, (item, original) in enumerate(zip(got, expected, strict=True)):
+            _compare(item, original, device_type, f"{where}[{index}]")
+    elif isinstance(expected, _Sample):
+        _compare(got.features, expected.features, device_type, f"{where}.features")
+        assert got.label == expected.label, f"{where}.label changed"
+    else:
+        assert got == expected, f"{where}: {expected!r} became {got!r}"
+
+
+@promise(
+    "batches.every_tensor_moved",
+    "batch_to_device moves every tensor of nested dicts, lists, tuples, namedtuples and "
+    "dataclasses, keeps the containers and passes other values through",
+)
+def every_tensor_moved(subject: Subject) -> None:
+    acc = subject.accelerator
+    moved = acc.batch_to_device(_batch())
+    _compare(moved, _batch(), acc.device.type, "batch")
+
+
+@promise(
+    "batches.device_loader",
+    "device_loader yields every batch on the device, in order, with the loader's length, "
+    "again on every epoch",
+)
+def device_loader(subject: Subject) -> None:
+    acc = subject.accelerator
+    batches = [(torch.full((2, 2), float(i)), torch.tensor([i])) for i in range(4)]
+    loader = acc.device_loader(batches)
+    assert len(loader) == len(batches), f"len() is {len(loader)}, the loader has {len(batches)}"
+    for epoch in range(2):
+        seen = list(loader)
+        assert len(seen) == len(batches), f"epoch {epoch}: {len(seen)} batches of {len(batches)}"
+        for index, (got, expected) in enumerate(zip(seen, batches, strict=True)):
+            _compare(got, expected, acc.device.type, f"epoch {epoch}, batch {index}")
+
+
+PROMISES = (every_tensor_moved, device_loader)
