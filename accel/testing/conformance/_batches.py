@@ -35,29 +35,42 @@ def _batch() -> dict[str, Any]:
     }
 
 
-def _compare(got: Any, expected: Any, device_type: str, where: str) -> None:
-    """Walk both structures together: same containers, tensors on the device with the
-    same values and dtypes, other values unchanged."""
+def _pairs(got: Any, expected: Any, where: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Walk both structures together, asserting the same containers and plain values;
+    return every tensor pair with its path."""
     assert type(got) is type(expected), (
         f"{where}: {type(expected).__name__} became {type(got).__name__}"
     )
     if isinstance(expected, torch.Tensor):
-        assert got.device.type == device_type, f"{where}: left on {got.device}"
-        assert got.dtype == expected.dtype, f"{where}: {expected.dtype} became {got.dtype}"
-        assert torch.equal(got.to("cpu"), expected), f"{where}: changed value"
-    elif isinstance(expected, dict):
+        return [(where, got, expected)]
+    if isinstance(expected, dict):
         assert sorted(got) == sorted(expected), f"{where}: keys {sorted(got)}"
-        for key in expected:
-            _compare(got[key], expected[key], device_type, f"{where}[{key!r}]")
-    elif isinstance(expected, (list, tuple)):
+        return [
+            pair for key in expected for pair in _pairs(got[key], expected[key], f"{where}[{key!r}]")
+        ]
+    if isinstance(expected, (list, tuple)):
         assert len(got) == len(expected), f"{where}: {len(got)} items, were {len(expected)}"
-        for index, (item, original) in enumerate(zip(got, expected, strict=True)):
-            _compare(item, original, device_type, f"{where}[{index}]")
-    elif isinstance(expected, _Sample):
-        _compare(got.features, expected.features, device_type, f"{where}.features")
+        return [
+            pair
+            for index, (item, original) in enumerate(zip(got, expected, strict=True))
+            for pair in _pairs(item, original, f"{where}[{index}]")
+        ]
+    if isinstance(expected, _Sample):
         assert got.label == expected.label, f"{where}.label changed"
-    else:
-        assert got == expected, f"{where}: {expected!r} became {got!r}"
+        return _pairs(got.features, expected.features, f"{where}.features")
+    assert got == expected, f"{where}: {expected!r} became {got!r}"
+    return []
+
+
+def _compare(got: Any, expected: Any, device_type: str, where: str) -> None:
+    """Same containers; every tensor on the device (all checked before any value, so
+    that a tensor left behind is named as such), with its dtype and values."""
+    pairs = _pairs(got, expected, where)
+    for path, tensor, _ in pairs:
+        assert tensor.device.type == device_type, f"{path}: left on {tensor.device}"
+    for path, tensor, original in pairs:
+        assert tensor.dtype == original.dtype, f"{path}: {original.dtype} became {tensor.dtype}"
+        assert torch.equal(tensor.to("cpu"), original), f"{path}: changed value"
 
 
 @promise(
