@@ -1,16 +1,17 @@
 """Promises of two processes on the accelerator's distributed backend: an all-reduce,
 and a DDP step equal to the same step in one process.
 
-The two workers are spawned fresh and select the accelerator by name from accel's
+The two workers are fresh interpreters that select the accelerator by name from accel's
 default registry, as a launched job would: the plugin must be installed (an entry
 point), not registered in the parent's code.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,29 +122,41 @@ def _results(subject: Subject, task: str) -> list[Any]:
 
 def _start(subject: Subject) -> list[dict[str, Any]]:
     workdir = subject.workdir
-    context = multiprocessing.get_context("spawn")
     port = _free_port()
+    # Fresh interpreters (not multiprocessing's spawn, which would re-run the caller's
+    # main script) that import what this process imports.
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     workers = [
-        context.Process(
-            target=_worker, args=(rank, subject.requested, port, str(workdir)), daemon=True
+        subprocess.Popen(
+            [sys.executable, "-m", __name__, str(rank), subject.requested, str(port), str(workdir)],
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for rank in range(WORLD_SIZE)
     ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(TIMEOUT_S)
-    for rank, worker in enumerate(workers):
-        if worker.is_alive():
-            worker.kill()
-            worker.join()
-            raise AssertionError(f"rank {rank} did not finish within {TIMEOUT_S} s")
+    outputs = []
+    try:
+        for rank, worker in enumerate(workers):
+            try:
+                outputs.append(worker.communicate(timeout=TIMEOUT_S)[0])
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"rank {rank} did not finish within {TIMEOUT_S} s") from None
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
     found = []
     for rank, worker in enumerate(workers):
         out = workdir / f"rank{rank}.pt"
-        assert worker.exitcode == 0 and out.exists(), (
-            f"rank {rank} exited with status {worker.exitcode} before storing its results"
-        )
+        if worker.returncode != 0 or not out.exists():
+            last = (outputs[rank].strip().splitlines() or [""])[-1] if rank < len(outputs) else ""
+            raise AssertionError(
+                f"rank {rank} exited with status {worker.returncode} before storing its "
+                f"results: {last}"
+            )
         found.append(torch.load(out, weights_only=True))
     return found
 
@@ -171,3 +184,7 @@ def ddp_step(subject: Subject) -> None:
 
 
 PROMISES = (all_reduce, ddp_step)
+
+
+if __name__ == "__main__":  # one worker: RANK NAME PORT WORKDIR
+    _worker(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4])

@@ -81,7 +81,7 @@ def select(names: Iterable[str] | None) -> tuple[Promise, ...]:
 def skip_reason(promise: Promise, limits: Limits) -> str | None:
     """The declared reason ``promise`` cannot hold on this device; ``None``: it must."""
     reasons = [
-        f"declared: cannot {need} ({why})"
+        f"declared: no {need} ({why})"
         for need in promise.needs
         if (why := limits.reason(need)) is not None
     ]
