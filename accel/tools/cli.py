@@ -18,6 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from accel._util.names import ACCELERATOR_ENV as _ACCELERATOR_ENV
+from accel.tools._conformance import add_conformance_command
 
 __all__ = ["main"]
 
@@ -41,10 +42,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accel",
         description="Accelerator plugins for PyTorch: list, inspect, demo, check, conformance.",
-        epilog=(
-            "exit status: 0 ok, 1 ties came apart (conformance: a promise failed), 2 error, "
-            "130 interrupted"
-        ),
+        epilog="exit status: 0 ok, 1 ties came apart, 2 error, 130 interrupted",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     # accel.__version__ is a plain string: printing it imports no torch.
@@ -89,30 +87,7 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("--accelerator", "-a", default=None, help=_DEFAULT_NAME_HELP)
     check.set_defaults(run=_cmd_check)
 
-    conformance = commands.add_parser(
-        "conformance",
-        parents=[common],
-        help="check accel's promises on one accelerator's device (for plugin authors)",
-        epilog="exit status: 0 every promise that applies holds, 1 one failed, 2 error",
-    )
-    conformance.add_argument("name", help="the accelerator to check, e.g. npu")
-    conformance.add_argument(
-        "--limits",
-        metavar="MODULE:OBJECT",
-        default=None,
-        help="the accel.testing.conformance.Limits declaring what the device cannot do",
-    )
-    conformance.add_argument(
-        "--promise",
-        action="append",
-        metavar="NAME",
-        default=None,
-        help="check only this promise or area (moves, step, ...); repeatable",
-    )
-    conformance.add_argument(
-        "--json", metavar="PATH", default=None, help="also write the outcomes to PATH as JSON"
-    )
-    conformance.set_defaults(run=_cmd_conformance)
+    add_conformance_command(commands, common)
     return parser
 
 
@@ -415,27 +390,3 @@ def _cmd_check(args: argparse.Namespace) -> int:
         return EXIT_CHECK_FAILED
     passed = report_ties(groups, before, count_unique_parameters(model))
     return EXIT_OK if passed else EXIT_CHECK_FAILED
-
-
-def _cmd_conformance(args: argparse.Namespace) -> int:
-    from accel.testing.conformance import Limits, load_limits, run
-
-    if "" not in sys.path:
-        sys.path.insert(0, "")  # like `python -m`: a limits module in the current directory
-    limits = load_limits(args.limits) if args.limits is not None else Limits()
-    outcomes = run(args.name, limits=limits, promises=args.promise)
-    _print_table([[o.outcome, o.promise, o.reason] for o in outcomes])
-    counts = {kind: sum(o.outcome == kind for o in outcomes) for kind in ("passed", "failed")}
-    skipped = [o for o in outcomes if o.outcome == "skipped"]
-    print(f"{counts['passed']} passed, {counts['failed']} failed, {len(skipped)} skipped")
-    for outcome in skipped:
-        print(f"  skipped {outcome.promise}: {outcome.reason}")
-    if args.json is not None:
-        rows = [asdict(outcome) for outcome in outcomes]
-        try:
-            with open(args.json, "w", encoding="utf-8") as file:
-                json.dump(rows, file, indent=2)
-                file.write("\n")
-        except OSError as exc:
-            raise CliError(f"cannot write --json {args.json!r}: {exc.strerror}") from exc
-    return EXIT_CHECK_FAILED if counts["failed"] else EXIT_OK

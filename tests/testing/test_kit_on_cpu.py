@@ -43,11 +43,11 @@ def test_an_unknown_promise_name_is_an_error_listing_the_promises() -> None:
         run("cpu", promises=["moves.teleport"])
 
 
-LIMITS_MODULE = '''
+LIMITS_MODULE = """
 from accel.testing.conformance import Limits
 
 LIMITS = Limits(compile="the kit's own test declares it", random="and this one")
-'''
+"""
 
 
 def test_the_cli_prints_a_row_per_promise_and_names_each_skip(
@@ -57,8 +57,18 @@ def test_the_cli_prints_a_row_per_promise_and_names_each_skip(
     monkeypatch.chdir(tmp_path)
     report = tmp_path / "report.json"
     status = main(
-        ["conformance", "cpu", "--limits", "kit_limits:LIMITS", "--promise", "step.compile",
-         "--promise", "generators", "--json", str(report)]
+        [
+            "conformance",
+            "cpu",
+            "--limits",
+            "kit_limits:LIMITS",
+            "--promise",
+            "step.compile",
+            "--promise",
+            "generators",
+            "--json",
+            str(report),
+        ]
     )
     out = capsys.readouterr().out
     assert status == 0, out
@@ -82,7 +92,9 @@ def test_the_cli_exits_1_when_a_promise_fails(
     import accel.testing.conformance._runner as runner
 
     monkeypatch.setattr(
-        runner, "check_promise", lambda promise, subject: (_ for _ in ()).throw(AssertionError("planted"))
+        runner,
+        "check_promise",
+        lambda promise, subject: (_ for _ in ()).throw(AssertionError("planted")),
     )
     assert main(["conformance", "cpu", "--promise", "runtime.synchronize"]) == 1
     assert capsys.readouterr().out.splitlines()[0] == "failed  runtime.synchronize  planted"
@@ -109,17 +121,36 @@ def _pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     # by hand; never twice, which pytest refuses.
     plugin = () if autoloaded else ("-p", "accel.tools.pytest_plugin")
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "accel.testing.conformance",
-         *plugin, "-p", "no:cacheprovider", "-q", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--pyargs",
+            "accel.testing.conformance",
+            *plugin,
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            *args,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 
 def test_pytest_runs_the_kit_with_declared_skips_named_in_the_summary(tmp_path: Path) -> None:
     (tmp_path / "kit_limits.py").write_text(LIMITS_MODULE)
     result = _pytest(
-        "--accelerator", "cpu", "--accel-limits", "kit_limits:LIMITS",
-        "-k", "selection or moves or compile or manual_seed", cwd=tmp_path,
+        "--accelerator",
+        "cpu",
+        "--accel-limits",
+        "kit_limits:LIMITS",
+        "-k",
+        "selection or moves or compile or manual_seed",
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "7 passed, 2 skipped" in result.stdout

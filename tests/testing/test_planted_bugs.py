@@ -53,7 +53,7 @@ class _UntiesOnCpu:
 
 
 class TiesByValue(FakeAccelerator):
-    """"Saves memory" by sharing parameters whose values are equal."""
+    """ "Saves memory" by sharing parameters whose values are equal."""
 
     @accel.hookimpl
     def model_to_device(self, model: nn.Module, device: torch.device) -> nn.Module:
@@ -61,7 +61,10 @@ class TiesByValue(FakeAccelerator):
         seen: list[nn.Parameter] = []
         for module in model.modules():
             for name, parameter in list(module.named_parameters(recurse=False)):
-                twin = next((p for p in seen if p.shape == parameter.shape and torch.equal(p, parameter)), None)
+                twin = next(
+                    (p for p in seen if p.shape == parameter.shape and torch.equal(p, parameter)),
+                    None,
+                )
                 if twin is not None and twin is not parameter:
                     setattr(module, name, twin)
                 else:
@@ -131,7 +134,9 @@ class ZeroingRestore(FakeAccelerator):
     """A restore_to_device hook that allocates the device tensors but copies nothing."""
 
     @accel.hookimpl
-    def restore_to_device(self, tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    def restore_to_device(
+        self, tensors: list[torch.Tensor], device: torch.device
+    ) -> list[torch.Tensor]:
         return [torch.zeros_like(tensor, device=device) for tensor in tensors]
 
 
@@ -147,7 +152,9 @@ class MeasuresButDoesNotClip(FakeAccelerator):
     @accel.hookimpl
     def clip_grad_norm_(self, parameters: list[torch.Tensor], norm_type: float) -> torch.Tensor:
         grads = [p.grad for p in parameters if p.grad is not None]
-        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, norm_type) for g in grads]), norm_type)
+        return torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(g, norm_type) for g in grads]), norm_type
+        )
 
 
 class FullPrecisionAutocast(FakeAccelerator):

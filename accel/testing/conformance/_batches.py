@@ -46,7 +46,9 @@ def _pairs(got: Any, expected: Any, where: str) -> list[tuple[str, torch.Tensor,
     if isinstance(expected, dict):
         assert sorted(got) == sorted(expected), f"{where}: keys {sorted(got)}"
         return [
-            pair for key in expected for pair in _pairs(got[key], expected[key], f"{where}[{key!r}]")
+            pair
+            for key in expected
+            for pair in _pairs(got[key], expected[key], f"{where}[{key!r}]")
         ]
     if isinstance(expected, (list, tuple)):
         assert len(got) == len(expected), f"{where}: {len(got)} items, were {len(expected)}"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from accel.errors import AcceleratorValueError
 from accel.testing.conformance._limits import CAPABILITIES, Limits
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def promise(name: str, summary: str, *, needs: tuple[str, ...] = ()) -> Callable
     """Make a check function into a :class:`Promise`."""
     unknown = [need for need in needs if need not in CAPABILITIES]
     if unknown:  # the kit's own mistake: fail at import, in its own tests
-        raise ValueError(f"promise {name!r} needs unknown capabilities {unknown}")
+        raise AcceleratorValueError(f"promise {name!r} needs unknown capabilities {unknown}")
 
     def wrap(check: Check) -> Promise:
         return Promise(name, summary, needs, check)

@@ -108,9 +108,9 @@ def save_and_load(subject: Subject) -> None:
     stored: Any = acc.load(path)
     for name, tensor in stored["model"].items():
         assert tensor.device.type == "cpu", f"load(path): {name} is on {tensor.device}"
-    assert stored["model"]["embed.weight"].data_ptr() == stored["model"]["head.weight"].data_ptr(), (
-        "the checkpoint stores the tied weight twice"
-    )
+    assert (
+        stored["model"]["embed.weight"].data_ptr() == stored["model"]["head.weight"].data_ptr()
+    ), "the checkpoint stores the tied weight twice"
 
 
 @promise(

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+import accel.distributed as adist
 from accel.testing.conformance._catalog import Subject, promise
 from accel.testing.conformance._models import (
     assert_close,
@@ -53,8 +54,6 @@ def _all_reduce(rank: int, acc: Any) -> dict[str, torch.Tensor]:
 
 
 def _ddp_step(rank: int, acc: Any) -> dict[str, torch.Tensor]:
-    import accel.distributed as adist
-
     model = acc.model_to_device(reference_layer())
     optimizer = sgd_for(model)
     wrapped = adist.wrap_data_parallel(model)
@@ -63,7 +62,7 @@ def _ddp_step(rank: int, acc: Any) -> dict[str, torch.Tensor]:
     # DDP averages the ranks' gradients: twice each half's sum is the whole batch's
     # sum, as the one-process step computes it.
     loss = nn.functional.mse_loss(wrapped(x), y, reduction="sum") * WORLD_SIZE
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     acc.optimizer_step(optimizer)
     return cpu_copy(model)
 
@@ -81,8 +80,6 @@ def _worker(rank: int, name: str, port: int, workdir: str) -> None:
     )
     results: dict[str, Any] = {}
     try:
-        import accel.distributed as adist
-
         context = adist.init_process_group(name, timeout=TIMEOUT_S)
         try:
             for task, check in zip(TASKS, (_all_reduce, _ddp_step), strict=True):

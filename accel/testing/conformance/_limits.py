@@ -18,8 +18,7 @@ __all__ = ["CAPABILITIES", "Limits", "load_limits"]
 #: Each capability a promise may need, and what having it means.
 CAPABILITIES: dict[str, str] = {
     "forward": (
-        "runs a model's forward and backward pass on the device (matmul, embedding "
-        "lookups, sums)"
+        "runs a model's forward and backward pass on the device (matmul, embedding lookups, sums)"
     ),
     "reductions": "reduces on the device: sums and norms (clip_grad_norm_)",
     "random": "draws random numbers on the device (torch.rand(..., device=...))",

@@ -7,13 +7,13 @@ from torch import nn
 
 __all__ = [
     "TiedModel",
+    "TwinModel",
     "assert_close",
+    "cpu_copy",
     "cpu_reference_step",
+    "parameter_names",
     "reference_inputs",
     "reference_layer",
-    "TwinModel",
-    "cpu_copy",
-    "parameter_names",
     "same_values",
     "sgd_for",
     "unique_parameters",
@@ -33,7 +33,8 @@ class TiedModel(nn.Module):
         self.register_buffer("steps", torch.arange(3, dtype=torch.int64))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.body(self.embed(tokens))))
+        logits: torch.Tensor = self.head(torch.tanh(self.body(self.embed(tokens))))
+        return logits
 
 
 class TwinModel(nn.Module):
@@ -65,9 +66,7 @@ def cpu_copy(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def same_values(
-    got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str
-) -> None:
+def same_values(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str) -> None:
     """Assert two CPU states have the same keys, dtypes and values, naming the first
     difference."""
     assert sorted(got) == sorted(expected), (
@@ -75,9 +74,7 @@ def same_values(
     )
     for name, tensor in expected.items():
         other = got[name]
-        assert other.dtype == tensor.dtype, (
-            f"{what}: {name} is {other.dtype}, was {tensor.dtype}"
-        )
+        assert other.dtype == tensor.dtype, f"{what}: {name} is {other.dtype}, was {tensor.dtype}"
         assert torch.equal(other.to("cpu"), tensor), f"{what}: {name} changed value"
 
 
@@ -99,7 +96,9 @@ def reference_inputs() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 4, generator=generator), torch.randn(8, 2, generator=generator)
 
 
-def assert_close(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str) -> None:
+def assert_close(
+    got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str
+) -> None:
     for name, tensor in expected.items():
         assert torch.allclose(got[name].float(), tensor.float(), rtol=1e-4, atol=1e-5), (
             f"{what}: {name} is {got[name].tolist()}, expected {tensor.tolist()}"
@@ -110,6 +109,6 @@ def cpu_reference_step(inputs: torch.Tensor, targets: torch.Tensor) -> dict[str,
     """One SGD step of the reference layer on the CPU, by hand."""
     model = reference_layer()
     optimizer = sgd_for(model)
-    nn.functional.mse_loss(model(inputs), targets, reduction="sum").backward()
+    nn.functional.mse_loss(model(inputs), targets, reduction="sum").backward()  # type: ignore[no-untyped-call]
     optimizer.step()
     return cpu_copy(model)

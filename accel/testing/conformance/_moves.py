@@ -45,8 +45,7 @@ def _optimizer_holds(optimizer: torch.optim.Optimizer, model: nn.Module, what: s
     ]
     assert not missing, f"{what}: the optimizer no longer holds {', '.join(missing)}"
     assert len(held) == unique_parameters(model), (
-        f"{what}: the optimizer holds {len(held)} tensors for {unique_parameters(model)} "
-        f"parameters"
+        f"{what}: the optimizer holds {len(held)} tensors for {unique_parameters(model)} parameters"
     )
 
 

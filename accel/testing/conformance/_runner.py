@@ -8,6 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+import torch
+
+import accel
+from accel.accelerator import Accelerator
+from accel.errors import AcceleratorValueError
 from accel.testing.conformance import (
     _batches,
     _checkpoints,
@@ -22,10 +27,17 @@ from accel.testing.conformance._catalog import Promise, Subject
 from accel.testing.conformance._limits import Limits
 
 if TYPE_CHECKING:
-    from accel.accelerator import Accelerator
     from accel.registry import AcceleratorRegistry
 
-__all__ = ["Outcome", "all_promises", "check_promise", "run", "select", "skip_reason", "subject_for"]
+__all__ = [
+    "Outcome",
+    "all_promises",
+    "check_promise",
+    "run",
+    "select",
+    "skip_reason",
+    "subject_for",
+]
 
 #: Every promise, in the order a report lists them.
 _PROMISES: tuple[Promise, ...] = (
@@ -64,8 +76,6 @@ def select(names: Iterable[str] | None) -> tuple[Promise, ...]:
     """
     if names is None:
         return _PROMISES
-    from accel.errors import AcceleratorValueError
-
     chosen: list[Promise] = []
     for name in names:
         matches = [p for p in _PROMISES if p.name == name or p.name.startswith(f"{name}.")]
@@ -97,9 +107,6 @@ def subject_for(
 ) -> Subject:
     """The accelerator to check, selected as a user would; an unknown or unavailable one
     raises the registry's error (never a skip)."""
-    import accel
-    from accel.accelerator import Accelerator
-
     chosen = registry if registry is not None else accel.default_registry()
     if isinstance(accelerator, Accelerator):
         handle, requested = accelerator, accelerator.name
@@ -111,8 +118,6 @@ def subject_for(
 def check_promise(promise: Promise, subject: Subject) -> None:
     """Check one promise in a fresh directory of its own, with the host's generator put
     back afterwards (a check seeds it; the caller's run should not see that)."""
-    import torch
-
     workdir = subject.workdir / promise.name
     workdir.mkdir(parents=True, exist_ok=True)
     own = Subject(subject.accelerator, subject.registry, workdir, subject.requested, subject.limits)

@@ -40,9 +40,8 @@ def by_name(subject: Subject) -> None:
 def count_and_index(subject: Subject) -> None:
     acc, registry = subject.accelerator, subject.registry
     count = acc.device_count()
-    assert isinstance(count, int) and count >= 1, (
-        f"device_count() is {count!r} for an available accelerator"
-    )
+    assert isinstance(count, int), f"device_count() is {count!r}, not an int"
+    assert count >= 1, f"device_count() is {count} for an available accelerator"
     for index in range(count):
         device = acc.for_index(index).device
         assert device.type == acc.device.type, (
@@ -66,7 +65,8 @@ def count_and_index(subject: Subject) -> None:
 @promise("devices.distributed_backend", "names a torch.distributed backend")
 def distributed_backend(subject: Subject) -> None:
     backend = subject.accelerator.distributed_backend
-    assert isinstance(backend, str) and backend, f"distributed_backend is {backend!r}"
+    assert isinstance(backend, str), f"distributed_backend is {backend!r}, not a str"
+    assert backend, "distributed_backend is ''"
 
 
 PROMISES = (by_name, count_and_index, distributed_backend)

@@ -73,7 +73,7 @@ def accumulation_and_no_sync(subject: Subject) -> None:
     for index, (x, y) in enumerate(halves):
         with acc.no_sync(model, enabled=index < len(halves) - 1):
             x, y = acc.batch_to_device((x, y))
-            nn.functional.mse_loss(model(x), y, reduction="sum").backward()
+            nn.functional.mse_loss(model(x), y, reduction="sum").backward()  # type: ignore[no-untyped-call]
     acc.optimizer_step(optimizer)
     assert_close(cpu_copy(model), cpu_reference_step(inputs, targets), "accumulated step")
 
@@ -97,7 +97,7 @@ def grad_scaler(subject: Subject) -> None:
     optimizer = sgd_for(model)
     x, y = acc.batch_to_device((inputs, targets))
     loss = nn.functional.mse_loss(model(x), y, reduction="sum")
-    scaler.scale(loss).backward()
+    scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
     acc.optimizer_step(optimizer, scaler=scaler)
     assert_close(cpu_copy(model), cpu_reference_step(inputs, targets), "scaled step")
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import pytest
 
+from accel._util.names import name_from_environment
+from accel.errors import AcceleratorError
 from accel.testing.conformance._catalog import Promise, Subject
 from accel.testing.conformance._limits import Limits, load_limits
 from accel.testing.conformance._runner import all_promises, check_promise, skip_reason, subject_for
 
 __all__: list[str] = []
+
 
 @pytest.fixture(scope="session")
 def conformance_subject(
@@ -23,11 +26,7 @@ def conformance_subject(
 ) -> Subject:
     """The accelerator under test. A missing, unknown or unavailable one fails every
     promise with the registry's message: a run must never pass by skipping."""
-    from accel._util.names import name_from_environment
-    from accel.errors import AcceleratorError
-    from accel.tools.pytest_plugin import LIMITS_DEST, OPTION_DEST
-
-    name = request.config.getoption(OPTION_DEST)
+    name = request.config.getoption("--accelerator")
     if not isinstance(name, str):
         name, source = name_from_environment(None)
         if not source:  # "auto" would check whatever this machine has: say which instead
@@ -36,7 +35,7 @@ def conformance_subject(
                 "set $ACCEL_ACCELERATOR)",
                 pytrace=False,
             )
-    spec = request.config.getoption(LIMITS_DEST, default=None)
+    spec = request.config.getoption("--accel-limits", default=None)
     try:
         limits = load_limits(spec) if isinstance(spec, str) else Limits()
         return subject_for(name, tmp_path_factory.mktemp("conformance"), limits=limits)
