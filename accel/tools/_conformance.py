@@ -26,7 +26,7 @@ def add_conformance_command(commands: Any, common: argparse.ArgumentParser) -> N
     conformance = commands.add_parser(
         "conformance",
         parents=[common],
-        help="check accel's promises on one accelerator's device (for plugin authors)",
+        help="check accel's promises on a plugin's device",
         epilog="exit status: 0 every promise that applies holds, 1 one failed, 2 error",
     )
     conformance.add_argument("name", help="the accelerator to check, e.g. npu")
