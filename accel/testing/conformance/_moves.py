@@ -113,15 +113,33 @@ class _PlantedMoveError(RuntimeError):
     """The failure the kit plants in the middle of a move."""
 
 
+#: The tensor methods a move copies a tensor with, whatever the plugin's move is
+#: (``Module.to`` calls ``to``; a hand-written move ``clone`` or ``cpu``). Not
+#: ``detach``: accel's restore point takes views of the parameters before the move.
+_MOVING = frozenset({torch.Tensor.to, torch.Tensor.clone, torch.Tensor.cpu})
+
+
+class _RefusesToMove(torch.Tensor):
+    """A tensor that cannot be copied while :attr:`armed`; as a parameter, the move
+    fails on it."""
+
+    armed = False
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        if cls.armed and func in _MOVING:
+            raise _PlantedMoveError("the conformance kit's planted failure")
+        return super().__torch_function__(func, types, args, kwargs)
+
+
 class _FailsToMove(nn.Module):
-    """Moved last (registered last), it fails after the other submodules have moved."""
+    """Registered last, so that the other submodules have moved when it fails."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(2))
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Any:
-        raise _PlantedMoveError("the conformance kit's planted failure")
+        self.weight = nn.Parameter(torch.ones(2).as_subclass(_RefusesToMove))
 
 
 @promise(
@@ -135,15 +153,18 @@ def rollback(subject: Subject) -> None:
     optimizer = sgd_for(model)
     parameters = dict(model.named_parameters(remove_duplicate=False))
     before = cpu_copy(model)
+    _RefusesToMove.armed = True
     try:
         subject.accelerator.model_to_device(model, optimizer=optimizer)
     except _PlantedMoveError:
         pass
     else:
         raise AssertionError(
-            "a move with a submodule whose _apply raises did not raise (the kit plants "
+            "a move with a parameter that cannot be copied did not raise (the kit plants "
             "that failure; a model_to_device hook must let it through)"
         )
+    finally:
+        _RefusesToMove.armed = False
     after = dict(model.named_parameters(remove_duplicate=False))
     changed = [name for name, p in parameters.items() if after.get(name) is not p]
     assert not changed, f"after the failed move, other objects hold {', '.join(changed)}"
