@@ -38,11 +38,13 @@ def _batch() -> dict[str, Any]:
 def _pairs(got: Any, expected: Any, where: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """Walk both structures together, asserting the same containers and plain values;
     return every tensor pair with its path."""
+    if isinstance(expected, torch.Tensor):
+        # A device's tensors may be a subclass of its own (a wrapper around its storage).
+        assert isinstance(got, torch.Tensor), f"{where}: a tensor became {type(got).__name__}"
+        return [(where, got, expected)]
     assert type(got) is type(expected), (
         f"{where}: {type(expected).__name__} became {type(got).__name__}"
     )
-    if isinstance(expected, torch.Tensor):
-        return [(where, got, expected)]
     if isinstance(expected, dict):
         assert sorted(got) == sorted(expected), f"{where}: keys {sorted(got)}"
         return [

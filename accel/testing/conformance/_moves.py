@@ -126,9 +126,7 @@ class _RefusesToMove(torch.Tensor):
     armed = False
 
     @classmethod
-    def __torch_function__(
-        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if cls.armed and func in _MOVING:
             raise _PlantedMoveError("the conformance kit's planted failure")
         return super().__torch_function__(func, types, args, kwargs)
