@@ -77,6 +77,8 @@ class Accelerator:
         #: The :class:`torch.device` models and batches move to, e.g. ``xla:0``.
         self.device = device
         self._tie_check: TieCheck = tie_check
+        if spec.unties_weights:  # from now on, moves leaving this device type keep ties
+            hooks.untying.learn(device.type)
 
     @property
     def name(self) -> str:
@@ -92,8 +94,9 @@ class Accelerator:
         with the ties and values it had before the move; ``"off"`` does the same
         silently. Ties the model's ``tie_weights()`` would add, which accel undoes, warn
         under ``"error"`` too. Only moves that can untie weights check at all: to an
-        accelerator that declares ``unties_weights`` (``tpu``), and, with the built-in
-        plugins registered, to or from XLA, to ``meta`` and in torch's overwrite mode.
+        accelerator that declares ``unties_weights`` (``tpu``) or from its device type
+        (once a handle of it exists in the registry), and, with the built-in plugins
+        registered, to or from XLA, to ``meta`` and in torch's overwrite mode.
         """
         return self._tie_check
 

@@ -88,6 +88,13 @@ def is_available(accelerator: str) -> Availability | None:
     runtime here (CUDA must stay uninitialised so the process can still fork).
     Exceptions are caught by the registry and reported as unavailability.
 
+    A backend that can only tell by initialising (torch-opencl counts its devices by
+    setting up OpenCL) declares ``AcceleratorSpec(..., probing_initialises=True)``:
+    then listing and ``"auto"`` do not call this hook (the accelerator is listed as
+    not probed, and ``"auto"`` passes it over) until it is selected by name
+    (``get_accelerator("opencl")``, or ``$ACCEL_ACCELERATOR``), which probes it; from
+    then on, in that registry, it is listed and may be picked as any other.
+
     *First result.* Example::
 
         @accel.hookimpl
@@ -353,18 +360,23 @@ def mark_step(accelerator: str, device: torch.device) -> None:
     raise NotImplementedError
 
 
-@hookspec
-def synchronize(accelerator: str, device: torch.device) -> None:
-    """Block until ``device`` has finished the work queued on it so far.
+@hookspec(firstresult=True)
+def synchronize(accelerator: str, device: torch.device) -> bool | None:
+    """Block until ``device`` has finished the work queued on it so far; return ``True``.
 
-    Every implementation runs; the fallback calls ``torch.accelerator.synchronize``
-    for a device type torch drives itself (``torch.accelerator``: XPU, HPU, a
-    ``privateuse1`` backend; never the CPU or CUDA) and otherwise does nothing.
-    Example::
+    *First result*: a plugin that returns ``True`` has answered, and accel's fallback
+    does not run (return ``True`` where your backend cannot synchronise, too). The
+    fallback calls ``torch.accelerator.synchronize`` for a device type torch drives
+    itself (``torch.accelerator``: XPU, HPU, a ``privateuse1`` backend; never the CPU
+    or CUDA) and otherwise does nothing; where the backend refuses
+    (``RuntimeError``/``NotImplementedError``, as torch-opencl's "Backend doesn't
+    support synchronizing events"), it returns without waiting and never raises: such
+    a backend finishes each operation before returning. Example::
 
         @accel.hookimpl
         def synchronize(device):
             torch.npu.synchronize(device)
+            return True
     """
     raise NotImplementedError
 
@@ -417,7 +429,8 @@ def memory_stats(accelerator: str, device: torch.device) -> MemoryStats | None:
     ``int``, or ``None`` when the runtime does not report it (never a guess).
     *First result*: the fallback reads ``torch.accelerator``'s counters for a device
     type torch drives (the total from ``get_memory_info`` where torch has it), and
-    otherwise reports all three as ``None``. Example::
+    otherwise reports all three as ``None``; a counter the backend refuses (torch's
+    ``NotImplementedError``, a ``RuntimeError``) is ``None``, never an error. Example::
 
         @accel.hookimpl
         def memory_stats(device):
@@ -540,9 +553,14 @@ def restore_to_device(
     parameter's ``copy_`` is a copy on the device. Implement it where one transfer of
     many tensors is much faster than one each, and where a parameter loaded from a
     device tensor takes its place without a second copy: on XLA one upload for the
-    lot replaces a synchronous upload per tensor. *First result*: with no answer
-    (there is no fallback), ``load_state_dict`` copies each host tensor into place.
-    Example::
+    lot replaces a synchronous upload per tensor. *First result*: accel's fallback
+    answers only for a device that refuses to copy a host tensor into one of its own
+    in place (``nntile`` does; tried once per device on a one-element tensor): it
+    moves each tensor with ``.to(device)``, so ``load_state_dict`` copies on the device
+    and ``acc.load(path, state)`` works there with no hook of yours. Elsewhere it
+    answers ``None`` and ``load_state_dict`` copies each host tensor into place. So
+    implement it only for speed, or where ``.to(device)`` is not how your device
+    takes a host tensor. Example::
 
         @accel.hookimpl
         def restore_to_device(tensors, device):

@@ -59,6 +59,10 @@ class AcceleratorSpec:
     #: then keeps the model's ties on every move to it, as the TPU plugin's are kept
     #: (snapshot, re-tie, the model's ``tie_weights()``, validation by ``tie_check``).
     unties_weights: bool = False
+    #: Its ``is_available`` (or ``device_count``) must initialise the device runtime to
+    #: answer (torch-opencl sets up OpenCL to count devices): listing and ``"auto"``
+    #: then leave it unprobed until it is selected by name (see ``is_available``).
+    probing_initialises: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", check_accelerator_name(self.name, "accelerator name"))
@@ -74,10 +78,11 @@ class AcceleratorSpec:
             )
         if not isinstance(self.description, str):
             raise AcceleratorTypeError(f"description of {self.name!r} must be a str")
-        if not isinstance(self.unties_weights, bool):
-            raise AcceleratorTypeError(
-                f"unties_weights of {self.name!r} must be a bool, got {self.unties_weights!r}"
-            )
+        for flag in ("unties_weights", "probing_initialises"):
+            if not isinstance(getattr(self, flag), bool):
+                raise AcceleratorTypeError(
+                    f"{flag} of {self.name!r} must be a bool, got {getattr(self, flag)!r}"
+                )
 
 
 @dataclass(frozen=True)

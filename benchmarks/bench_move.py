@@ -5,7 +5,9 @@ so the TPU plugin's tie guard's cheap checks run too) against a bare
 ``model.to("cpu")``, which for a model already on the CPU copies nothing: so the
 difference is accel's whole fixed cost per move, the worst case for it. Beside them,
 the two parts this cost is made of that run on every move: taking the model's move
-lock, and the restore point (references, version counters, ``mark_moved``), and, with
+lock, the restore point (references, version counters, ``mark_moved``), and the check
+whether the move enters or leaves an untying accelerator's device type (a set read while
+no handle of one exists; with one, the walk of the model it costs then), and, with
 ``--before FILE``, the restore point of an earlier ``accel/_core/transaction.py``
 (``git show REV:accel/_core/transaction.py > FILE``) for comparison.
 
@@ -23,11 +25,31 @@ import torch
 from _harness import compare_per_call, environment_line, fmt_ratio, fmt_us, print_table, verdict
 
 import accel
-from accel._core.moving import _move_lock
+from accel._core.moving import _move_lock, _move_unties
 from accel._core.transaction import RestorePoint
 
 #: The lock may cost at most this much per move.
 LOCK_GOAL_S = 1e-6
+#: So may the untying check while no untying accelerator's handle exists (a CPU <->
+#: CUDA move pays nothing: no walk of the model).
+UNTYING_CHECK_GOAL_S = 1e-6
+
+
+class _UntyingAccelerator:
+    """An accelerator declaring ``unties_weights``: once its handle exists, the
+    registry's moves look for tensors on its device type."""
+
+    @accel.hookimpl
+    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+        return [accel.AcceleratorSpec("untying", unties_weights=True)]
+
+    @accel.hookimpl
+    def is_available(self) -> accel.Availability:
+        return accel.Availability(True, auto=False)
+
+    @accel.hookimpl
+    def get_device(self) -> torch.device:
+        return torch.device("privateuseone", 0)
 
 
 def _earlier_restore_point(path: str) -> type:
@@ -58,11 +80,23 @@ def main() -> None:
     def restore_point() -> None:
         RestorePoint(model).mark_moved()
 
+    cpu_device = torch.device("cpu")
+    with_untying = accel.AcceleratorRegistry(entry_points=None)
+    with_untying.register(_UntyingAccelerator())
+    with_untying.get_accelerator("untying")  # its device type is learned
+    learned = with_untying.get_accelerator("cpu")
+
     candidates = {
         "bare model.to('cpu')": lambda: model.to("cpu"),
         "acc.model_to_device(model)": lambda: cpu.model_to_device(model),
         "the move lock alone": lock_only,
         "the restore point alone": restore_point,
+        "the untying check, none learned": lambda: _move_unties(
+            cpu._hooks, cpu.spec, cpu_device, model
+        ),
+        "the untying check, one learned": lambda: _move_unties(
+            learned._hooks, learned.spec, cpu_device, model
+        ),
     }
     if args.before:
         earlier = _earlier_restore_point(args.before)
@@ -77,6 +111,10 @@ def main() -> None:
         [
             f"the lock: {fmt_us(times['the move lock alone'])} per move, goal "
             f"≤ {fmt_us(LOCK_GOAL_S)}: {verdict(times['the move lock alone'] <= LOCK_GOAL_S)}",
+            f"the untying check with no untying handle: "
+            f"{fmt_us(times['the untying check, none learned'])} per move, goal "
+            f"≤ {fmt_us(UNTYING_CHECK_GOAL_S)}: "
+            f"{verdict(times['the untying check, none learned'] <= UNTYING_CHECK_GOAL_S)}",
         ],
     )
 

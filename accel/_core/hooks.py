@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar, final
+from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import torch
 from torch import nn
 
 from accel._core.blame import note_culprit
+from accel._core.listing import FALLBACKS_NAME, Listed, list_implementations
+from accel._core.untying import UntyingDeviceTypes
 from accel._util.names import describe_index_range
 from accel._util.notes import REPORT_TO_AUTHORS
 from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError, PluginError
@@ -33,33 +35,30 @@ if TYPE_CHECKING:
 
 __all__ = ["FALLBACKS_NAME", "AcceleratorHooks", "no_longer_registered"]
 
-#: The plugin name of accel's fallbacks in every manager.
-FALLBACKS_NAME: Final = "accel.fallbacks"
 _T = TypeVar("_T")
-
-
-class _Listed(NamedTuple):
-    """A hook's implementations in pluggy's call order (last registered first,
-    ``tryfirst``/``trylast`` honoured); whether a wrapper is among them (then pluggy runs
-    the call); whether accel's fallback is the only one (then it is called directly)."""
-
-    call_order: tuple[pluggy.HookImpl, ...]
-    has_wrapper: bool
-    fallback_only: bool
 
 
 @final
 class AcceleratorHooks:
     """The hooks of one accelerator, as its handle calls them."""
 
-    __slots__ = ("_alive", "_implementations", "_manager", "_providers", "name")
+    __slots__ = ("_alive", "_implementations", "_manager", "_providers", "name", "untying")
 
-    def __init__(self, name: str, manager: pluggy.PluginManager, providers: dict[str, str]):
+    def __init__(
+        self,
+        name: str,
+        manager: pluggy.PluginManager,
+        providers: dict[str, str],
+        *,
+        untying: UntyingDeviceTypes,
+    ):
         #: Canonical accelerator name, passed to every hook as ``accelerator``.
         self.name = name
+        #: The registry's :class:`~accel._core.untying.UntyingDeviceTypes`, shared.
+        self.untying: UntyingDeviceTypes = untying
         self._manager = manager
         self._providers = providers  # plugin name -> provider, shared with the dispatcher
-        self._implementations: dict[str, _Listed] = {}
+        self._implementations: dict[str, Listed] = {}
         self._alive = True
 
     # -- probing ------------------------------------------------------------------
@@ -141,7 +140,11 @@ class AcceleratorHooks:
     def batch_to_device(self, batch: Any, device: torch.device) -> Any:
         listed = self._listed("batch_to_device")
         if listed.fallback_only:  # every step of every loop: not even _first's frame
-            return listed.call_order[0].function(batch=batch, device=device)
+            try:
+                return listed.call_order[0].function(batch=batch, device=device)
+            except Exception as exc:  # named, as every hook's failure is
+                self._blame(exc, "batch_to_device", listed.call_order[0])
+                raise
         return self._first("batch_to_device", batch=batch, device=device)[0]
 
     # -- the training step --------------------------------------------------------
@@ -210,7 +213,7 @@ class AcceleratorHooks:
         self._each("mark_step", device=device)
 
     def synchronize(self, device: torch.device) -> None:
-        self._each("synchronize", device=device)
+        self._first("synchronize", device=device)
 
     def manual_seed(self, seed: int, device: torch.device) -> None:
         self._each("manual_seed", seed=seed, device=device)
@@ -311,13 +314,14 @@ class AcceleratorHooks:
             try:
                 result = impl.function(*[kwargs[name] for name in impl.argnames])
             except Exception as exc:
-                note_culprit(
-                    exc, self._caller(hook_name), hook_name, self.provider_of, culprit=impl
-                )
+                self._blame(exc, hook_name, impl)
                 raise
             if result is not None:
                 return result, impl.plugin_name
         return None, None
+
+    def _blame(self, exc: Exception, hook_name: str, impl: pluggy.HookImpl) -> None:
+        note_culprit(exc, self._caller(hook_name), hook_name, self.provider_of, culprit=impl)
 
     def _context(self, hook_name: str, **kwargs: Any) -> AbstractContextManager[Any]:
         """A first-result hook's answer, checked to be a context manager."""
@@ -350,17 +354,13 @@ class AcceleratorHooks:
             f"{self.describe(who, hook_name)}. {REPORT_TO_AUTHORS}"
         )
 
-    def _listed(self, hook_name: str) -> _Listed:
+    def _listed(self, hook_name: str) -> Listed:
         """What pluggy's public ``get_hookimpls()`` says of the hook, cached until a
         plugin is added or removed (the dispatcher keeps the cache in step)."""
         listed = self._implementations.get(hook_name)
         if listed is None:
-            implementations = self._caller(hook_name).get_hookimpls()
-            listed = self._implementations[hook_name] = _Listed(
-                call_order=tuple(reversed(implementations)),
-                has_wrapper=any(impl.wrapper or impl.hookwrapper for impl in implementations),
-                fallback_only=all(impl.plugin_name == FALLBACKS_NAME for impl in implementations),
-            )
+            listed = list_implementations(self._caller(hook_name))
+            self._implementations[hook_name] = listed
         return listed
 
     def _caller(self, hook_name: str) -> Any:

@@ -18,7 +18,7 @@ from accel._core.transaction import RestorePoint
 from accel._util.notes import add_note
 from accel.errors import AcceleratorTypeError
 from accel.training.step import follow_moved_parameters
-from accel.tying._keeping import begin_kept_move, finish_kept_move
+from accel.tying._keeping import begin_kept_move, finish_kept_move, holds_a_tensor_on
 from accel.types import AcceleratorSpec, MoveContext, TieCheck
 
 __all__ = ["move_model"]
@@ -64,8 +64,7 @@ def _move(
     if optimizers:
         check_optimizers_hold(optimizers, model, restore_point.parameter_ids())
     context = MoveContext(spec.name, device, tie_check)
-    # Declared by the plugin: moves to this device untie, so accel keeps the ties.
-    keeps_ties = spec.unties_weights
+    keeps_ties = _move_unties(hooks, spec, device, model)
     try:
         hooks.pre_move_hook(model, device, context)
         if keeps_ties:  # after every pre_move_hook: each saw the model whole
@@ -81,6 +80,26 @@ def _move(
         add_note(exc, _restored_note(device, restore_point.restore()))
         raise
     return moved  # type: ignore[return-value]
+
+
+def _move_unties(
+    hooks: AcceleratorHooks, spec: AcceleratorSpec, device: torch.device, model: nn.Module
+) -> bool:
+    """Whether the move enters or leaves a device type of an accelerator (of this
+    registry) that declares ``unties_weights``: then accel keeps the ties.
+
+    Torch swaps a tensor's data in place, keeping each Parameter, only between device
+    types that can share a storage implementation (CPU and CUDA); on and off XLA or a
+    PrivateUse1 backend it gives every slot a Parameter of its own, in both directions.
+    The model is walked only once this registry made a handle of an untying
+    accelerator: before that, no move pays more than reading an empty set.
+    """
+    if spec.unties_weights:
+        return True  # declared by the plugin: moves to its device untie
+    untying = hooks.untying.types
+    if not untying:
+        return False
+    return device.type in untying or holds_a_tensor_on(model, untying)
 
 
 #: What a restore puts back, for the note on a failed move.

@@ -15,6 +15,7 @@ from typing import final
 import pluggy
 
 from accel._core.hooks import FALLBACKS_NAME, AcceleratorHooks, no_longer_registered
+from accel._core.untying import UntyingDeviceTypes
 from accel._registry.declarations import check_hook_names, new_plugin_manager
 from accel.errors import PluginError
 
@@ -25,7 +26,7 @@ __all__ = ["AcceleratorHooks", "Dispatcher"]
 class Dispatcher:
     """The plugin managers of one registry: one per accelerator, one to validate."""
 
-    __slots__ = ("_cross_cutting", "_hooks", "_providers", "_validator")
+    __slots__ = ("_cross_cutting", "_hooks", "_providers", "_untying", "_validator")
 
     def __init__(self, fallbacks: object) -> None:
         self._validator = new_plugin_manager()
@@ -33,6 +34,8 @@ class Dispatcher:
         # (plugin, name) of the fallbacks and every cross-cutting plugin, in order.
         self._cross_cutting: list[tuple[object, str]] = []
         self._hooks: dict[str, AcceleratorHooks] = {}
+        # One per registry: another registry's untying devices never change its moves.
+        self._untying = UntyingDeviceTypes()
         self.add_plugin(fallbacks, FALLBACKS_NAME, "built-in", accelerators=[])
 
     def owns(self, hooks: AcceleratorHooks) -> bool:
@@ -79,7 +82,9 @@ class Dispatcher:
                 for other, other_name in self._cross_cutting:
                     manager.register(other, name=other_name)
                 manager.register(plugin, name=name)
-                self._hooks[accelerator] = AcceleratorHooks(accelerator, manager, self._providers)
+                self._hooks[accelerator] = AcceleratorHooks(
+                    accelerator, manager, self._providers, untying=self._untying
+                )
         else:
             self._cross_cutting.append((plugin, name))
             for hooks in self._hooks.values():

@@ -56,7 +56,7 @@ class Selector:
     """Selection over one registry's catalog, dispatcher and load failures (it owns
     none of them: the registry does, and changes them under ``lock``)."""
 
-    __slots__ = ("_catalog", "_device_failures", "_dispatcher", "_failures", "_lock")
+    __slots__ = ("_catalog", "_device_failures", "_dispatcher", "_failures", "_lock", "_probed")
 
     def __init__(
         self,
@@ -72,6 +72,9 @@ class Selector:
         # Canonical name -> why "auto" last found its get_device unusable: listed as
         # the reason (listing never asks get_device, which on XLA hands a device out).
         self._device_failures: dict[str, str] = {}
+        # Canonical names of accelerators whose probing initialises their device and
+        # that were selected by name (so probed): listing and "auto" may ask them now.
+        self._probed: set[str] = set()
 
     def select(self, name: str | Accelerator | None, tie_check: TieCheck) -> Accelerator:
         """The handle for ``name`` (see :meth:`accel.AcceleratorRegistry.get_accelerator`)."""
@@ -125,6 +128,12 @@ class Selector:
             entries = [self._entry(r) for r in self._catalog.ranked()]
         return [entry for entry in entries if entry is not None]
 
+    def _unprobed(self, entry: _Entry) -> bool:
+        """Whether listing and ``"auto"`` must leave ``entry`` unprobed: its probing
+        initialises its device, and it was never selected by name here."""
+        spec = entry.registration.spec
+        return spec.probing_initialises and spec.name not in self._probed
+
     def _still_registered(self, entry: _Entry) -> bool:
         with self._lock:
             return self._catalog.get(entry.registration.spec.name) is entry.registration
@@ -149,6 +158,9 @@ class Selector:
         entries = self._named(base, requested, source)
         # A shared alias ("gpu"): the best available of its accelerators.
         entries.sort(key=lambda e: (-e.registration.spec.priority, e.registration.spec.name))
+        self._probed.update(
+            e.registration.spec.name for e in entries if e.registration.spec.probing_initialises
+        )
         probed = [(entry, _probe(entry)) for entry in entries]
         for entry, availability in probed:
             if availability.available:
@@ -210,7 +222,7 @@ class Selector:
         nor one whose probing raises (its reason is in ``accel list``)."""
         for _ in range(_AUTO_ATTEMPTS):
             for entry in self._ranked():
-                if entry.disputed or not _auto_may_pick(entry.hooks):
+                if entry.disputed or self._unprobed(entry) or not _auto_may_pick(entry.hooks):
                     continue
                 name = entry.registration.spec.name
                 try:
@@ -281,11 +293,13 @@ class Selector:
     def _row(self, entry: _Entry) -> AcceleratorInfo:
         registration, hooks, disputed = entry
         spec = registration.spec
-        availability = (
-            Availability(False, reason=f"its name is claimed by {', '.join(disputed)}", auto=False)
-            if disputed
-            else _probe(entry)
-        )
+        if disputed:
+            reason = f"its name is claimed by {', '.join(disputed)}"
+            availability = Availability(False, reason=reason, auto=False)
+        elif self._unprobed(entry):
+            availability = _not_probed(spec.name)
+        else:
+            availability = _probe(entry)
         count, count_failed = 0, False
         # An available accelerator keeps its reason only when it explains why "auto"
         # passes it over (TPU on XLA:CPU).
@@ -313,6 +327,18 @@ class Selector:
             remedy=remedy,
             auto=availability.auto,
         )
+
+
+def _not_probed(name: str) -> Availability:
+    """The row of an accelerator whose probing would initialise its device."""
+    return Availability(
+        False,
+        reason="not probed: its plugin declares that probing initialises the device, which "
+        "listing and 'auto' never do",
+        remedy=f"select it by name (get_accelerator({name!r}) or {ACCELERATOR_ENV}={name}), "
+        f"which probes it",
+        auto=False,
+    )
 
 
 def _probe(entry: _Entry) -> Availability:

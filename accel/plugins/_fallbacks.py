@@ -12,6 +12,7 @@ plugin has its own hooks (and whose probing must not initialise it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -22,6 +23,7 @@ import torch
 from accel.errors import AcceleratorValueError, PluginError
 from accel.markers import hookimpl
 from accel.training.batch import move_batch
+from accel.training.checkpoint._restoring import copies_host_tensors_in_place
 from accel.training.checkpoint._rng import device_generators_of
 from accel.training.checkpoint._state import cpu_state_dict, load_checkpoint, save_on_main_process
 from accel.training.device_loader import MovingLoader
@@ -122,11 +124,17 @@ def mark_step() -> None:
 
 
 @hookimpl(trylast=True)
-def synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> bool:
+    """Wait through ``torch.accelerator`` where torch drives the device type; where
+    there is nothing known to wait for, or the backend cannot synchronise (torch-opencl:
+    "Backend doesn't support synchronizing events"), return without waiting: such a
+    backend runs each operation to its end before returning, so there is nothing queued."""
     runtime = torch_accelerator(device.type)
     if runtime is not None:
-        runtime.synchronize(device)
-    # else: nothing known to wait for
+        # A backend that cannot synchronise: documented in the hookspec.
+        with contextlib.suppress(RuntimeError, NotImplementedError):
+            runtime.synchronize(device)
+    return True
 
 
 @hookimpl(trylast=True)
@@ -162,16 +170,21 @@ def memory_stats(device: torch.device) -> MemoryStats:
     if runtime is None:
         return unknown()
 
-    def ask(name: str) -> int | None:
-        # Not every torch has every call (get_memory_info: torch 2.10+).
+    def ask(name: str, pick: Callable[[Any], Any] = lambda answer: answer) -> int | None:
+        # Not every torch has every call (get_memory_info: torch 2.10+), and a backend
+        # may not count (torch raises NotImplementedError): that figure is unknown.
         call = getattr(runtime, name, None)
-        return None if call is None else int(call(device))
+        if call is None:
+            return None
+        try:
+            return int(pick(call(device)))
+        except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError):
+            return None
 
-    info = getattr(runtime, "get_memory_info", None)
     return MemoryStats(
         allocated_bytes=ask("memory_allocated"),
         peak_allocated_bytes=ask("max_memory_allocated"),
-        total_bytes=None if info is None else int(info(device)[1]),  # (free, total)
+        total_bytes=ask("get_memory_info", lambda free_total: free_total[1]),
     )
 
 
@@ -194,6 +207,15 @@ def save(obj: Any, path: str | os.PathLike[str]) -> bool:
 @hookimpl(trylast=True)
 def load(path: str | os.PathLike[str]) -> Any:
     return load_checkpoint(path)
+
+
+@hookimpl(trylast=True)
+def restore_to_device(tensors: list[torch.Tensor], device: torch.device) -> Any:
+    # Only for a device that refuses to copy a host tensor into one of its own in place
+    # (nntile): load_state_dict's copy_ then copies between two device tensors.
+    if copies_host_tensors_in_place(device):
+        return None  # load_state_dict copies each host tensor into place
+    return [tensor.to(device) for tensor in tensors]
 
 
 @hookimpl(trylast=True)

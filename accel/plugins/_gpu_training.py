@@ -33,8 +33,9 @@ class CudaTrainingHooks:
     """Synchronisation, precision, memory and prefetching through ``torch.cuda``."""
 
     @hookimpl
-    def synchronize(self, device: torch.device) -> None:
+    def synchronize(self, device: torch.device) -> bool:
         torch.cuda.synchronize(device)
+        return True
 
     @hookimpl
     def autocast(
@@ -67,8 +68,9 @@ class MpsTrainingHooks:
     """Synchronisation, precision and memory through ``torch.mps``."""
 
     @hookimpl
-    def synchronize(self) -> None:
+    def synchronize(self) -> bool:
         torch.mps.synchronize()
+        return True
 
     @hookimpl
     def autocast(

@@ -110,10 +110,11 @@ class XlaTrainingHooks:
         torch_xla.sync()
 
     @hookimpl
-    def synchronize(self) -> None:
+    def synchronize(self) -> bool:
         import torch_xla.core.xla_model as xm
 
         xm.wait_device_ops()
+        return True
 
     @hookimpl
     def manual_seed(self, seed: int, device: torch.device) -> None:

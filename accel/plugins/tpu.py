@@ -11,10 +11,13 @@ runtime's device type really is TPU.
 
 Moving a module to or from an XLA device unties its shared parameters (see
 :mod:`accel.tying`). :class:`TpuPlugin` declares so (``unties_weights=True``), and
-the handle keeps the ties on every move to ``tpu``; its cross-cutting companion
-:class:`TieGuardPlugin` keeps them on every other accelerator's moves that can untie
-(a model leaving XLA, a move to ``meta``), at the cost of two cheap checks on every
-other move. Both run the same code, :mod:`accel.tying._keeping`.
+the handle keeps the ties on every move to ``tpu`` (and, once a ``tpu`` handle exists
+in the registry, on every move leaving XLA, as for any untying accelerator); its
+cross-cutting companion :class:`TieGuardPlugin` keeps them on every other
+accelerator's moves that can untie (a model leaving XLA before any ``tpu`` handle, a
+move to ``meta``, torch's overwrite mode), at the cost of two cheap checks on every
+other move. Both run the same code, :mod:`accel.tying._keeping`, and whichever begins
+a move keeps it, once: the guard's ``pre_move_hook`` runs before the handle's check.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from typing import TYPE_CHECKING, Final
 import torch
 
 import accel.plugins._xla_versions as _xla_versions
-from accel._util.walk import each_module
 from accel.markers import hookimpl
 from accel.plugins._pjrt import (
     PjrtDevice,
@@ -38,7 +40,7 @@ from accel.plugins._pjrt import (
     runtime_start_failure,
 )
 from accel.plugins._xla_training import XlaTrainingHooks
-from accel.tying._keeping import begin_kept_move, finish_kept_move
+from accel.tying._keeping import begin_kept_move, finish_kept_move, holds_a_tensor_on
 from accel.types import AcceleratorSpec, Availability, MoveContext
 
 if TYPE_CHECKING:
@@ -222,13 +224,4 @@ def move_can_untie(model: nn.Module, device: torch.device) -> bool:
         return True
     if "torch_xla" not in sys.modules:
         return False
-    return _holds_a_tensor_on(model, UNTYING_DEVICE_TYPES)
-
-
-def _holds_a_tensor_on(model: nn.Module, device_types: frozenset[str]) -> bool:
-    return any(
-        tensor is not None and tensor.device.type in device_types
-        for module in each_module(model)
-        for slots in (module._parameters, module._buffers)
-        for tensor in slots.values()
-    )
+    return holds_a_tensor_on(model, UNTYING_DEVICE_TYPES)

@@ -1,10 +1,11 @@
 """Tie keeping: the work around a move that unties, written once.
 
-Applied by the handle on every move to an accelerator whose spec declares
-``unties_weights=True`` (the built-in ``tpu`` does, and so may any vendor's), and
-by the TPU plugin's cross-cutting tie guard on other moves that untie (a model
-leaving XLA, a move to ``meta``, torch's overwrite mode). Whichever begins a move
-first keeps it, once: the snapshot lives in the move's ``context.notes``.
+Applied by the handle on every move that enters or leaves the device type of an
+accelerator whose spec declares ``unties_weights=True`` (the built-in ``tpu`` does,
+and so does every PrivateUse1 backend's plugin that says so), and by the TPU
+plugin's cross-cutting tie guard on other moves that untie (a model leaving XLA, a
+move to ``meta``, torch's overwrite mode). Whichever begins a move first keeps it,
+once: the snapshot lives in the move's ``context.notes``.
 
 The tying logic itself is :mod:`accel.tying` (no plugin machinery); this module adds
 what a move needs around it: hollowing out the duplicate slots, and the outcome by
@@ -13,12 +14,14 @@ what a move needs around it: hollowing out the duplicate slots, and the outcome 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final, Literal
 
 import torch
 from torch import nn
 
+from accel._util.walk import each_module
 from accel._util.warn import warn_at_caller
 from accel.errors import TyingWarning, WeightTyingError
 from accel.tying import TieReport, TyingSnapshot, empty_duplicate_slots, format_tie_failure
@@ -27,12 +30,29 @@ from accel.tying._slots import SlotContents
 if TYPE_CHECKING:
     from accel.types import MoveContext, TieCheck
 
-__all__ = ["MOVED_BY_NOTE", "begin_kept_move", "finish_kept_move", "outcome"]
+__all__ = [
+    "MOVED_BY_NOTE",
+    "begin_kept_move",
+    "finish_kept_move",
+    "holds_a_tensor_on",
+    "outcome",
+]
 
 _NOTES_KEY: Final = "accel.tie_keeping"
 #: The key in a move's ``context.notes`` under which the hook caller names who
 #: answered ``model_to_device``, so that a tying error can name that plugin.
 MOVED_BY_NOTE: Final = "accel.moved_by"
+
+
+def holds_a_tensor_on(model: nn.Module, device_types: Collection[str]) -> bool:
+    """Whether a parameter or buffer of ``model`` is on one of ``device_types`` (a walk
+    of the model: callers ask only when such a device type is in use)."""
+    return any(
+        tensor is not None and tensor.device.type in device_types
+        for module in each_module(model)
+        for slots in (module._parameters, module._buffers)
+        for tensor in slots.values()
+    )
 
 
 def begin_kept_move(model: nn.Module, context: MoveContext) -> None:

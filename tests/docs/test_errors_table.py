@@ -1044,6 +1044,11 @@ def _spec_unties_weights_not_bool(mp: pytest.MonkeyPatch) -> object:
     return accel.AcceleratorSpec("npu", unties_weights="yes")  # type: ignore[arg-type]
 
 
+@case("spec-probing-initialises-not-bool", accel.AcceleratorTypeError)
+def _spec_probing_initialises_not_bool(mp: pytest.MonkeyPatch) -> object:
+    return accel.AcceleratorSpec("opencl", probing_initialises=1)  # type: ignore[arg-type]
+
+
 @case("spec-availability-not-bool", accel.AcceleratorTypeError)
 def _spec_availability_not_bool(mp: pytest.MonkeyPatch) -> object:
     return accel.Availability(available="yes")  # type: ignore[arg-type]

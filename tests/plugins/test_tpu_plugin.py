@@ -74,10 +74,10 @@ def test_a_cpu_move_never_runs_the_tying_code(
     else:
         _without_torch_xla(monkeypatch)
     walks: list[str] = []
-    original_walk = tpu_plugin._holds_a_tensor_on
+    original_walk = tpu_plugin.holds_a_tensor_on
     monkeypatch.setattr(
         tpu_plugin,
-        "_holds_a_tensor_on",
+        "holds_a_tensor_on",
         lambda *a: (walks.append("walk"), original_walk(*a))[1],
     )
     captures: list[str] = []

@@ -167,3 +167,51 @@ def test_real_torch_accelerator_is_used_only_where_its_calls_exist() -> None:
     if reported is not None and reported.type not in ("cpu", "cuda"):
         assert torch_accelerator(reported.type) is runtime
     assert not torch.cuda.is_initialized()
+
+
+class CannotTell(FakeRuntime):
+    """A backend torch drives that can neither synchronise nor count its memory, as
+    torch-opencl: torch raises for each."""
+
+    def synchronize(self, device: torch.device) -> None:
+        self.calls.append(("synchronize", device))
+        raise RuntimeError("Backend doesn't support synchronizing events.")
+
+    def memory_allocated(self, device: torch.device) -> int:
+        raise NotImplementedError("memory_allocated is not implemented for this backend")
+
+    def get_memory_info(self, device: torch.device) -> tuple[int, int]:
+        raise RuntimeError("getMemoryInfo is not implemented")
+
+
+def test_the_fallbacks_give_what_the_device_can_tell_and_never_raise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runtime = CannotTell("hpu", memory_info=False)  # its own get_memory_info
+    _fake(monkeypatch, runtime)
+    acc = isolated_registry(HpuAccelerator()).get_accelerator("hpu")
+    acc.synchronize()  # asked, refused, and the call returns
+    assert runtime.calls == [("synchronize", acc.device)]
+    assert acc.memory_stats() == {
+        "allocated_bytes": None,
+        "peak_allocated_bytes": 200,  # this one it can tell
+        "total_bytes": None,
+    }
+
+
+def test_a_plugins_synchronize_answers_and_the_fallback_does_not_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runtime = CannotTell("hpu", memory_info=False)  # its own get_memory_info
+    _fake(monkeypatch, runtime)
+    waited: list[torch.device] = []
+
+    class WaitsItself(HpuAccelerator):
+        @accel.hookimpl
+        def synchronize(self, device: torch.device) -> bool:
+            waited.append(device)
+            return True
+
+    acc = isolated_registry(WaitsItself()).get_accelerator("hpu")
+    acc.synchronize()
+    assert waited == [acc.device] and runtime.calls == []

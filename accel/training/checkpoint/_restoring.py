@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-__all__ = ["moved_for_restore", "restored_tensors_problem"]
+__all__ = ["copies_host_tensors_in_place", "moved_for_restore", "restored_tensors_problem"]
 
 _K = TypeVar("_K")
 
@@ -62,6 +62,38 @@ def moved_for_restore(
         if plan is not None:
             result[key] = plan(by_id)
     return result
+
+
+# Device -> whether it copies a host tensor into one of its own in place; asked once.
+_IN_PLACE_FROM_HOST: dict[torch.device, bool] = {}
+
+
+def copies_host_tensors_in_place(device: torch.device) -> bool:
+    """Whether ``device`` takes ``device_tensor.copy_(host_tensor)``, as
+    ``load_state_dict`` does for every parameter; tried once per device on a
+    one-element tensor.
+
+    Some out-of-tree backends refuse it (``nntile``) while they move host tensors with
+    ``.to()``; accel's ``restore_to_device`` fallback then moves them first. A device
+    the try cannot even reach (its ``.to()`` fails too) counts as taking it: the
+    load goes on as it would have, and fails there with the device's own error.
+    """
+    if device.type in ("cpu", "meta"):
+        return True
+    known = _IN_PLACE_FROM_HOST.get(device)
+    if known is None:
+        try:
+            on_device = torch.zeros(1).to(device)
+        except Exception:
+            known = True
+        else:
+            try:
+                on_device.copy_(torch.ones(1))
+                known = True
+            except Exception:  # its kind of refusal is the backend's own
+                known = False
+        _IN_PLACE_FROM_HOST[device] = known
+    return known
 
 
 def restored_tensors_problem(tensors: list[Any], moved: Any, *, device: torch.device) -> str | None:
