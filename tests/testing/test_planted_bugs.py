@@ -96,6 +96,17 @@ class TopLevelBatches(FakeAccelerator):
         return None
 
 
+class HidesBatchFailures(FakeAccelerator):
+    """Hands a batch it could not move back as it was, so the step runs on the host."""
+
+    @accel.hookimpl
+    def batch_to_device(self, batch: Any, device: torch.device) -> Any:
+        try:
+            return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        except RuntimeError:
+            return batch
+
+
 class DrawsAfterSeeding(FakeAccelerator):
     """Warms the generator up after seeding, a little longer each time."""
 
@@ -194,6 +205,7 @@ CASES = [
     (TiesByValue(), "moves.no_tie_created", "a tie was created"),
     (BestEffortMove(), "moves.rollback", "did not raise"),
     (TopLevelBatches(device="meta"), "batches.every_tensor_moved", "['nested'][0]: left on cpu"),
+    (HidesBatchFailures(), "batches.failure_named", "a tensor that cannot move was moved"),
     (DrawsAfterSeeding(), "generators.manual_seed_host", "the same seed gave other draws"),
     (OpaqueRngState(), "generators.rng_state_weights_only", "does not load with weights_only"),
     (CopiesEachTensor(), "checkpoints.state_dict", "stores the tie twice"),

@@ -105,4 +105,36 @@ def device_loader(subject: Subject) -> None:
             _compare(got, expected, acc.device.type, f"epoch {epoch}, batch {index}")
 
 
-PROMISES = (every_tensor_moved, device_loader)
+class _RefusesToMove(torch.Tensor):
+    """A tensor whose ``to`` fails: a batch the device refuses (torch-opencl refuses a
+    non-contiguous one)."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.to:
+            raise _RefusedBatchError("the conformance kit's planted refusal")
+        return super().__torch_function__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
+
+
+class _RefusedBatchError(RuntimeError):
+    """The refusal the kit plants in a batch move."""
+
+
+@promise(
+    "batches.failure_named",
+    "a batch move that fails raises the device's error, with a note naming the hook",
+)
+def failure_named(subject: Subject) -> None:
+    batch = {"ok": torch.ones(2), "refused": torch.ones(2).as_subclass(_RefusesToMove)}
+    try:
+        subject.accelerator.batch_to_device(batch)
+    except _RefusedBatchError as exc:
+        notes = getattr(exc, "__notes__", [])
+        assert any("'batch_to_device'" in note for note in notes), (
+            f"the failed batch move has no note naming the hook (notes: {notes})"
+        )
+    else:
+        raise AssertionError("a batch with a tensor that cannot move was moved")
+
+
+PROMISES = (every_tensor_moved, device_loader, failure_named)

@@ -129,7 +129,7 @@ class _RefusesToMove(torch.Tensor):
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if cls.armed and func in _MOVING:
             raise _PlantedMoveError("the conformance kit's planted failure")
-        return super().__torch_function__(func, types, args, kwargs)
+        return super().__torch_function__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
 
 
 class _FailsToMove(nn.Module):
