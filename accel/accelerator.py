@@ -16,18 +16,12 @@ from accel._core.moving import move_model
 from accel._util.notes import add_note
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
 from accel.training.batch import BatchMover
-from accel.training.checkpoint._async_save import (
-    PendingSave,
-    check_asynchronous,
-    device_state_dict,
-    one_save_at_a_time,
-    save_in_background,
-    wait_for_saves,
-)
+from accel.training.checkpoint._async_save import PendingSave, wait_for_saves
 from accel.training.checkpoint._preemption import PreemptionGuard
-from accel.training.checkpoint._rank_generators import gathered_generators, own_generators
+from accel.training.checkpoint._rank_generators import own_generators
 from accel.training.checkpoint._rng import host_rng_state, set_host_rng_state
-from accel.training.checkpoint._state import checked_path, checked_state, restore_into, storable
+from accel.training.checkpoint._save import save_checkpoint
+from accel.training.checkpoint._state import checked_path, checked_state, restore_into
 from accel.training.device_loader import DeviceLoader
 from accel.training.precision import full_precision, requested_dtype
 from accel.training.step import (
@@ -404,43 +398,9 @@ class Accelerator:
             and the previous file there is unchanged. Also the failure of the
             pending asynchronous save, not raised before.
         """
-        checked_path("save", path)
-        check_asynchronous("save", asynchronous)
-        if asynchronous:
-            return self._save_in_background(obj, path)
-        wait_for_saves()  # the pending save first: an older one never lands after this
-        if not self._hooks.answered_by_plugin("mark_step"):
-            self._hooks.save(gathered_generators(storable(obj, self.state_dict)), path)
-            return None
-        # XLA: run what is pending so tensors cross as data. Each step mark (this one,
-        # and state_dict's for every module) advances XLA's generator; put it back, so
-        # that this save does not show in later draws.
-        device_rng = self._hooks.rng_state(self.device)
-        try:
-            stored = gathered_generators(storable(obj, self.state_dict))
-            self.mark_step()
-            self._hooks.save(stored, path)
-        finally:
-            self._hooks.set_rng_state(device_rng, self.device)
-        return None
-
-    def _save_in_background(self, obj: Any, path: str | os.PathLike[str]) -> PendingSave:
-        # Without a plugin's state_dict the snapshot copies the model's own tensors
-        # once, rather than copying the CPU copies state_dict would make.
-        copies = self._hooks.answered_by_plugin("state_dict")
-        module_state = self.state_dict if copies else device_state_dict
-        plugin_save = self._hooks.save if self._hooks.answered_by_plugin("save") else None
-        with one_save_at_a_time():
-            if not self._hooks.answered_by_plugin("mark_step"):
-                stored = gathered_generators(storable(obj, module_state))
-                return save_in_background(stored, path, plugin_save)
-            device_rng = self._hooks.rng_state(self.device)  # as in save(): put it back
-            try:
-                stored = gathered_generators(storable(obj, module_state))
-                self.mark_step()
-                return save_in_background(stored, path, plugin_save)
-            finally:
-                self._hooks.set_rng_state(device_rng, self.device)
+        return save_checkpoint(
+            obj, path, asynchronous=asynchronous, hooks=self._hooks, device=self.device
+        )
 
     def wait_for_saves(self) -> None:
         """Wait until the pending asynchronous save (of :meth:`save` or

@@ -39,10 +39,9 @@ from bench_models import GPT2_SMALL, GPT2Config, gpt2_style
 from torch.nn import functional as F
 
 import accel
-from accel.training.checkpoint._async_save import device_state_dict
 from accel.training.checkpoint._atomic import atomic_save
-from accel.training.checkpoint._snapshot import spare_of, take_snapshot
-from accel.training.checkpoint._state import storable
+from accel.training.checkpoint._save import device_state_dict, storable
+from accel.training.checkpoint._snapshot import take_snapshot
 
 SMALL = GPT2Config(vocab=8192, width=256, layers=4, heads=4)
 
@@ -70,7 +69,7 @@ def stall(config: GPT2Config, rounds: int, directory: Path) -> None:
 
     def snapshot_copy() -> None:
         # As an asynchronous save takes it: into the memory of the previous snapshot.
-        _, owned = take_snapshot(stored, spare_of(kept))
+        _, owned = take_snapshot(stored, kept)
         kept[:] = owned
 
     def asynchronous() -> Callable[[], None]:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
@@ -39,6 +40,14 @@ from torch.distributed.checkpoint.state_dict import (
 
 from accel._util.files import TEMPORARY_MARK, fsync_directory, stale_temporaries
 from accel.distributed._async_sharded import check_sharded_asynchronous, save_sharded_in_background
+from accel.distributed._dcp_layouts import (
+    PLAIN,
+    CheckedLoadPlanner,
+    check_plain_loaded,
+    lift_plain_values,
+    own_forms_saved,
+    readable_failure,
+)
 from accel.distributed._spmd_checkpoint import (
     is_optimizer,
     is_spmd,
@@ -63,7 +72,7 @@ if TYPE_CHECKING:
 
 __all__ = ["load_sharded", "save_sharded"]
 
-_PLAIN = "accel.plain"  # the entry under which the plain values travel, as one object
+_PLAIN = PLAIN  # the entry under which the plain values travel, as one object
 
 
 @overload
@@ -146,12 +155,19 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
     """Load the DCP checkpoint at ``path`` into the objects of ``state`` in place, on
     every rank together; return the plain values that were saved.
 
-    The world size may differ from the one that saved (DCP reshards). Under XLA SPMD
-    the model and its optimizers are loaded in place through torch_xla's
-    ``SPMDLoadPlanner`` (shardings and ties kept); an optimizer without state is
-    primed first, as DCP loads only into tensors that exist.
+    It reads :func:`save_sharded`'s checkpoints and those ``torch.distributed.checkpoint.save``
+    wrote without accel (``{"model": ..., "optimizer": ..., "step": 7}``, plain values at
+    the top level; an optimizer's state keyed by parameter name or by number): see
+    :mod:`accel.distributed._dcp_layouts`. The world size may differ from the one that
+    saved (DCP reshards). Under XLA SPMD the model and its optimizers are loaded in
+    place through torch_xla's ``SPMDLoadPlanner`` (shardings and ties kept); an
+    optimizer without state is primed first, as DCP loads only into tensors that exist.
 
     :raises FileNotFoundError: no checkpoint at ``path``.
+    :raises KeyError: the checkpoint has no entry for a key of ``state`` (or for some
+        of a module's or an optimizer's entries); nothing is loaded.
+    :raises ValueError: DCP could not read the checkpoint into ``state`` (a tensor of
+        another shape).
     """
     target = Path(os.fspath(path))
     if not (target / ".metadata").is_file():
@@ -164,22 +180,33 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
     spmd = is_spmd()
     model, app_state = _app_state(state, "load_sharded", spmd)
 
-    # Every rank's generators were saved as one record where several ranks saved.
     saved = FileSystemReader(str(target)).read_metadata().state_dict_metadata
+    # Every rank's generators were saved as one record where several ranks saved.
     app_state[_PLAIN] = record_placeholders(app_state[_PLAIN], saved, _PLAIN)
+    top_level = lift_plain_values(app_state, saved, str(target))  # DCP without accel
+    asked = list(app_state[_PLAIN])
+    stateful = {key: value for key, value in state.items() if value is model or is_optimizer(value)}
+    own_form = [] if spmd else own_forms_saved(app_state, stateful, saved)
 
     def read(into: dict[str, Any], planner: Any) -> None:
-        state_dict_loader.load(into, checkpoint_id=str(target), planner=planner)
+        try:
+            state_dict_loader.load(into, checkpoint_id=str(target), planner=planner)
+        except CheckpointException as error:  # a BaseException: never let it through
+            raise readable_failure(error, target) from error
 
     if spmd:
         spmd_load(model, state, app_state, read)
     else:
         read(app_state, _weights_only_planner())
     plain = dict(own_generators(app_state[_PLAIN]))  # this rank's generators
+    check_plain_loaded(asked, plain, saved, str(target))
+    plain.update((key, app_state[key]) for key in top_level)
     for key, value in state.items():
-        if spmd and (value is model or is_optimizer(value)):
+        if spmd and key in stateful:
             continue  # loaded in place by spmd_load
-        if value is model:
+        if key in own_form:
+            value.load_state_dict(app_state[key])
+        elif value is model:
             set_model_state_dict(model, app_state[key])
         elif is_optimizer(value):
             set_optimizer_state_dict(model, value, app_state[key])
@@ -190,10 +217,11 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
 
 def _weights_only_planner() -> Any:
     """DCP's load planner, reading its pickled (non-tensor) entries the way
-    :meth:`Accelerator.load` reads a file: ``weights_only``, so nothing in it runs."""
+    :meth:`Accelerator.load` reads a file: ``weights_only``, so nothing in it runs; an
+    entry the checkpoint lacks is an :class:`AcceleratorKeyError` naming it."""
     import io
 
-    class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+    class WeightsOnlyLoadPlanner(CheckedLoadPlanner, DefaultLoadPlanner):
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             data = value.getvalue()
             torch.load(io.BytesIO(data), weights_only=True)  # raises on anything unsafe

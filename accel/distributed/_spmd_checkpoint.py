@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from accel.distributed._dcp_layouts import CheckedLoadPlanner
 from accel.distributed._spmd import current_spmd_context
 
 if TYPE_CHECKING:
@@ -83,10 +84,11 @@ def spmd_save_planner() -> Any:
 
 def spmd_load_planner() -> Any:
     """torch_xla's load planner, reading pickled entries ``weights_only`` (as
-    :meth:`Accelerator.load` does), so nothing in the checkpoint runs."""
+    :meth:`Accelerator.load` does), so nothing in the checkpoint runs; an entry the
+    checkpoint lacks is an :class:`AcceleratorKeyError` naming it."""
     from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner
 
-    class WeightsOnlySPMDLoadPlanner(SPMDLoadPlanner):  # type: ignore[misc]
+    class WeightsOnlySPMDLoadPlanner(CheckedLoadPlanner, SPMDLoadPlanner):  # type: ignore[misc]
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             data = value.getvalue()
             torch.load(io.BytesIO(data), weights_only=True)  # raises on anything unsafe

@@ -160,8 +160,11 @@ def prepare_model(
     :returns: the model (wrapped with several workers), and, when given, ``optimizer``.
     :raises RuntimeError: (Ray's own) called outside a Ray Train train function.
     :raises accel.distributed.DistributedSetupError: Ray's group runs with a backend
-        other than the accelerator's (pass ``torch_config(accelerator)`` to the
-        trainer), or cannot carry the device's tensors.
+        other than the accelerator's, or cannot carry the device's tensors. Where Ray can
+        start the accelerator's backend, pass ``torch_config(accelerator)`` to the
+        trainer; XLA's it cannot (``torch_config("tpu")`` is refused): run one worker
+        per host with ``ScalingConfig(num_workers=1)`` and the default ``TorchConfig()``,
+        as the message says.
     :raises accel.WeightTyingError: a tie came apart in the move (model restored).
     """
     world_size = ray.train.get_context().get_world_size()
@@ -300,12 +303,25 @@ def _worker_accelerator(
         # Python 3.10 has no exception notes: say it in a new message.
         raise DistributedSetupError(
             f"{exc}\naccel.integrations.ray: Ray Train started this worker's process "
-            f"group; pass TorchTrainer(torch_config=accel.integrations.ray.torch_config("
-            f"{acc.name!r})) so that it starts the group with {acc.name!r}'s backend "
-            f"({acc.distributed_backend!r})",
+            f"group; {_group_remedy(acc)}",
             missing=exc.missing,
         ) from exc
     return context.accelerator
+
+
+def _group_remedy(acc: accel.Accelerator) -> str:
+    """How to have Ray start a group ``acc`` can use: :func:`torch_config` where Ray can
+    start its backend; else what :func:`torch_config`'s refusal advises instead (for
+    XLA, one worker per host), never the call that would be refused."""
+    try:
+        _check_ray_can_start(acc.distributed_backend, acc.name)
+    except DistributedSetupError as refusal:
+        return f"torch_config({acc.name!r}) is refused as well, because {refusal}"
+    return (
+        f"pass TorchTrainer(torch_config=accel.integrations.ray.torch_config("
+        f"{acc.name!r})) so that it starts the group with {acc.name!r}'s backend "
+        f"({acc.distributed_backend!r})"
+    )
 
 
 def _with_distributed_sampler(

@@ -64,3 +64,22 @@ def test_spmd_killed_after_a_checkpoint_resumes_equal_to_an_uninterrupted_run(
     assert resumed["parameters"].keys() == reference["parameters"].keys()
     for name, values in reference["parameters"].items():
         assert resumed["parameters"][name] == pytest.approx(values, abs=TOLERANCE), name
+
+
+@pytest.mark.xla
+def test_under_spmd_an_entry_the_checkpoint_lacks_is_a_key_error_naming_it(
+    tmp_path: Path,
+) -> None:
+    result = run_python(
+        [SCRIPTS / "spmd_missing_entry.py", str(tmp_path)],
+        env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout
+    errors = json.loads((tmp_path / "errors.json").read_text())
+    # torch_xla's load planner found the model's entries missing: accel's error, not DCP's.
+    assert errors["model"]["key_error"], errors["model"]
+    assert "state['model']" in errors["model"]["message"]
+    assert "'model.0.body.weight'" in errors["model"]["message"]
+    assert errors["plain"]["key_error"], errors["plain"]
+    assert "state['epoch']" in errors["plain"]["message"]

@@ -1356,6 +1356,35 @@ def _ckpt_sharded_missing(mp: pytest.MonkeyPatch) -> object:
     return accel.distributed.load_sharded(_saved(1).parent, {"model": TiedLM()})
 
 
+def _plain_dcp_checkpoint(model: nn.Module) -> Path:
+    """``model``'s weights and a step, written by DCP without accel."""
+    import torch.distributed.checkpoint as dcp
+
+    path = _saved(1).parent / "plain-dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP: no process group, so it runs without one
+        dcp.save({"model": model.state_dict(), "step": 7}, checkpoint_id=str(path))
+    return path
+
+
+@case("ckpt-sharded-missing-entry", accel.AcceleratorKeyError)
+def _ckpt_sharded_missing_entry(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+
+    path = _plain_dcp_checkpoint(nn.Linear(2, 2))
+    return accel.distributed.load_sharded(path, {"model": nn.Linear(2, 2), "epoch": 0})
+
+
+@case("ckpt-sharded-unreadable", accel.AcceleratorValueError)
+def _ckpt_sharded_unreadable(mp: pytest.MonkeyPatch) -> object:
+    import accel.distributed
+
+    path = _plain_dcp_checkpoint(nn.Linear(2, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return accel.distributed.load_sharded(path, {"model": nn.Linear(3, 2)})
+
+
 @case("ckpt-sharded-two-models", accel.AcceleratorTypeError)
 def _ckpt_sharded_two_models(mp: pytest.MonkeyPatch) -> object:
     import accel.distributed
@@ -1655,24 +1684,38 @@ def _ray_outside_train_function(mp: pytest.MonkeyPatch) -> object:
     return prepare_model(TiedLM(), accelerator="cpu")
 
 
-@case("ray-group-backend-mismatch", DistributedSetupError, needs_ray=True)
-def _ray_group_backend_mismatch(mp: pytest.MonkeyPatch) -> object:
+def _prepare_in_a_worker_of_two(mp: pytest.MonkeyPatch, backend: str) -> object:
+    """``prepare_model`` in a worker of two whose group Ray started with its default,
+    gloo (here a world of one in memory), for a plugin declaring ``backend``."""
     import ray.train
 
     from accel.integrations.ray import prepare_model
 
-    # A worker of two whose group Ray started with its default, gloo (here a world of
-    # one in memory), for an accelerator whose plugin declares another backend.
     for name in (*launchers.TORCHRUN_VARIABLES, "LOCAL_WORLD_SIZE"):
         mp.delenv(name, raising=False)
     worker = types.SimpleNamespace(get_world_size=lambda: 2, get_world_rank=lambda: 0)
     mp.setattr(ray.train, "get_context", lambda: worker)
-    registry = isolated_registry(_plugin(distributed_backend=lambda self: "vendorccl"))
+    registry = isolated_registry(_plugin(distributed_backend=lambda self: backend))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         return prepare_model(TiedLM(), accelerator=registry.get_accelerator("npu"))
     finally:
         accel.distributed.destroy_process_group(barrier=False)
+
+
+@case("ray-group-backend-mismatch", DistributedSetupError, needs_ray=True)
+def _ray_group_backend_mismatch(mp: pytest.MonkeyPatch) -> object:
+    return _prepare_in_a_worker_of_two(mp, "hccl")  # one Ray registers: torch_config works
+
+
+@case("ray-group-backend-ray-cannot-start", DistributedSetupError, needs_ray=True)
+def _ray_group_backend_ray_cannot_start(mp: pytest.MonkeyPatch) -> object:
+    return _prepare_in_a_worker_of_two(mp, "vendorccl")
+
+
+@case("ray-group-backend-xla", DistributedSetupError, needs_ray=True)
+def _ray_group_backend_xla(mp: pytest.MonkeyPatch) -> object:
+    return _prepare_in_a_worker_of_two(mp, "xla")
 
 
 @case("ray-loader-not-a-dataloader", accel.AcceleratorTypeError, needs_ray=True)

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import accel
-from accel.training.checkpoint import _async_save
+from accel.training.checkpoint import PendingSave, _async_save, _save
 from accel.training.checkpoint import _atomic as atomic
 from accel.training.checkpoint._atomic import is_temporary
 from accel.training.checkpoint._retention import (
@@ -179,13 +179,13 @@ def test_the_next_snapshot_reuses_the_memory_of_the_last_written_one(
     acc: accel.Accelerator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     written: list[int] = []
-    real_write = _async_save.atomic_save
+    real_write = _save.atomic_save
 
     def recording_writer(obj: Any, path: Path) -> None:
         written.append(obj["x"].data_ptr())
         real_write(obj, path)
 
-    monkeypatch.setattr(_async_save, "atomic_save", recording_writer)
+    monkeypatch.setattr(_save, "atomic_save", recording_writer)
     x = torch.arange(2**16, dtype=torch.float32)
     acc.save({"x": x}, tmp_path / "a.pt", asynchronous=True).wait()
     x.add_(1.0)
@@ -203,7 +203,7 @@ def test_the_next_save_waits_for_the_previous_one_and_snapshots_after_it(
 ) -> None:
     log: list[tuple[str, str]] = []
     first_may_finish, first_started = threading.Event(), threading.Event()
-    real_write, real_snapshot = _async_save.atomic_save, _async_save.take_snapshot
+    real_write, real_snapshot = _save.atomic_save, _save.take_snapshot
 
     def slow_writer(obj: Any, path: Path) -> None:
         log.append(("write starts", path.name))
@@ -217,8 +217,8 @@ def test_the_next_save_waits_for_the_previous_one_and_snapshots_after_it(
         log.append(("snapshot", stored["name"]))
         return real_snapshot(stored, *args)
 
-    monkeypatch.setattr(_async_save, "atomic_save", slow_writer)
-    monkeypatch.setattr(_async_save, "take_snapshot", snapshot)
+    monkeypatch.setattr(_save, "atomic_save", slow_writer)
+    monkeypatch.setattr(_save, "take_snapshot", snapshot)
     first = acc.save({"name": "a.pt", "x": torch.ones(3)}, tmp_path / "a.pt", asynchronous=True)
     assert first_started.wait(async_saves.HOLD_TIMEOUT_S)
     second: list[Any] = []
@@ -258,6 +258,38 @@ def test_a_synchronous_save_to_the_same_path_lands_after_the_pending_one(
     held.release()
     later.join(async_saves.HOLD_TIMEOUT_S)
     assert acc.load(tmp_path / "c.pt")["v"] == 2
+
+
+def test_a_synchronous_save_waits_for_an_asynchronous_one_still_taking_its_snapshot(
+    acc: accel.Accelerator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both modes hold the one slot from the start: a synchronous save of another thread
+    # cannot slip in while the older save prepares, and then be overwritten by it.
+    in_snapshot, snapshot_may_end = threading.Event(), threading.Event()
+    real_snapshot = _save.take_snapshot
+
+    def held_snapshot(stored: Any, *args: Any) -> Any:
+        in_snapshot.set()
+        assert snapshot_may_end.wait(async_saves.HOLD_TIMEOUT_S)
+        return real_snapshot(stored, *args)
+
+    monkeypatch.setattr(_save, "take_snapshot", held_snapshot)
+    path = tmp_path / "last.pt"
+    older: list[PendingSave] = []
+    first = threading.Thread(
+        target=lambda: older.append(acc.save({"v": torch.tensor(1)}, path, asynchronous=True))
+    )
+    first.start()
+    assert in_snapshot.wait(async_saves.HOLD_TIMEOUT_S)
+    later = threading.Thread(target=lambda: acc.save({"v": torch.tensor(2)}, path))
+    later.start()
+    later.join(0.5)
+    assert later.is_alive()  # behind the save being prepared, not beside it
+    snapshot_may_end.set()
+    first.join(async_saves.HOLD_TIMEOUT_S)
+    later.join(async_saves.HOLD_TIMEOUT_S)
+    older[0].wait()
+    assert not later.is_alive() and acc.load(path)["v"] == 2  # the later save landed last
 
 
 # -- failures ------------------------------------------------------------------------------

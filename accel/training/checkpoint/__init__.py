@@ -1,9 +1,11 @@
 """Checkpoints and resume: one package for everything a run needs to survive the loss
 of its process.
 
-What is stored and restored (``_state``, ``_storing``, ``_restoring``), the atomic and
-durable write (``_atomic``), the asynchronous save beside the loop (``_async_save``,
-``_snapshot``), the random generators of every rank (``_rng``, ``_rank_generators``),
+One save, top to bottom, in ``_save`` (the handle's ``save`` is that pipeline, the same
+for synchronous and asynchronous saves); the steps it calls that other operations share:
+the save in flight (``_async_save``), the snapshot (``_snapshot``), every rank's
+generators (``_rank_generators``) and the atomic, durable write (``_atomic``). What is
+loaded and restored (``_state``, ``_restoring``), the random generators (``_rng``),
 preemption (``_preemption``) and keep-last-N retention (``_retention``). The handle's
 ``save``, ``load``, ``rng_state``, ``set_rng_state``, ``preemption_guard`` and
 ``wait_for_saves`` are built on them; the names here are the ones a training loop and a

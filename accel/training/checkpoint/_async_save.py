@@ -1,9 +1,8 @@
-"""Saves that do not stop the loop: the write of a checkpoint runs in a background
-thread, one at a time, and its failure is raised at the next save or wait.
+"""The save in flight: at most one per process, written by a background thread, its
+failure raised at the next save or wait. Shared by ``acc.save(..., asynchronous=True)``
+(whose pipeline is :mod:`accel.training.checkpoint._save`) and
+``save_sharded(..., asynchronous=True)``.
 
-The loop waits for the snapshot alone (:mod:`accel.training.checkpoint._snapshot`): every tensor
-copied off the device, CPU tensors too. The write is then the same atomic, durable
-write as a synchronous save (:func:`~accel.training.checkpoint._atomic.atomic_save`), in a thread.
 A thread is enough. ``torch.save`` pickles the state's small containers, holding the
 GIL briefly, and hands the tensors' bytes to the file in large chunks. The ``write``
 system calls and the ``fsync`` run with the GIL released (measured in
@@ -18,16 +17,15 @@ it (atexit), and says on stderr if it failed. A kill during the write leaves the
 previous checkpoint, as the atomic write always does.
 
 In a :mod:`torch.distributed` job, rank 0 writes. The other ranks learn the outcome
-from rank 0 over a gloo group of accel's own, created at the first asynchronous save
-on every rank, so that the background threads never share a communicator with the
-loop's collectives; under nccl it is the host-capable group DCP's ``async_save``
-needs too.
+from rank 0 over a gloo group of accel's own (:func:`save_group`), created at the
+first asynchronous save on every rank, so that the background threads never share a
+communicator with the loop's collectives; under nccl it is the host-capable group
+DCP's ``async_save`` needs too.
 """
 
 from __future__ import annotations
 
 import atexit
-import errno as errno_codes
 import os
 import sys
 import threading
@@ -37,22 +35,16 @@ from pathlib import Path
 from typing import Any, Final, final
 
 import torch.distributed as dist
-from torch import nn
 
 from accel._util.notes import add_note
-from accel.errors import AcceleratorOSError, AcceleratorTypeError
-from accel.training.checkpoint._atomic import atomic_save
-from accel.training.checkpoint._snapshot import spare_of, take_snapshot
-from accel.training.step import unwrap_compiled
+from accel.errors import AcceleratorTypeError
 
 __all__ = [
     "PendingSave",
     "check_asynchronous",
-    "device_state_dict",
     "one_save_at_a_time",
     "pending_paths",
     "save_group",
-    "save_in_background",
     "start_background",
     "wait_for_saves",
 ]
@@ -205,90 +197,6 @@ def _finish_at_exit() -> None:
             f"{failure}); the previous checkpoint at that path, if any, is unchanged",
             file=sys.stderr,
             flush=True,
-        )
-
-
-# -- acc.save(obj, path, asynchronous=True) ------------------------------------------------
-
-
-def device_state_dict(model: nn.Module) -> dict[str, Any]:
-    """``model``'s state dict as its tensors are (the snapshot copies them once); a tied
-    weight is one Parameter under both names. Of a compiled model, the plain model's."""
-    return unwrap_compiled(model).state_dict(keep_vars=True)
-
-
-def save_in_background(
-    stored: Any, path: str | os.PathLike[str], plugin_save: Callable[[Any, Any], None] | None
-) -> PendingSave:
-    """Snapshot ``stored`` and write it in the background; call it inside
-    :class:`one_save_at_a_time`.
-
-    Alone, the write is ``plugin_save`` (a plugin's ``save`` hook, given the CPU
-    snapshot) or :func:`~accel.training.checkpoint._atomic.atomic_save`. In a distributed job rank
-    0 writes with ``atomic_save`` and the other ranks take no snapshot: they wait for
-    rank 0's word.
-    """
-    target = Path(os.fspath(path))
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        if plugin_save is not None:  # it may keep what it is given: memory of its own
-            snapshot, _ = take_snapshot(stored)
-            return start_background(target, lambda copy: plugin_save(copy, target), snapshot)
-        snapshot, owned = _take_snapshot(stored)
-        return start_background(target, lambda copy: _write(copy, target, owned), snapshot)
-    group = save_group()
-    if dist.get_rank() != 0:
-        return start_background(target, lambda _: _hear_from_rank_0(target, group), None)
-    snapshot, owned = _take_snapshot(stored)
-    return start_background(
-        target, lambda copy: _write_on_rank_0(copy, target, group, owned), snapshot
-    )
-
-
-#: The storages of the last snapshot accel wrote itself, free once its write ended:
-#: the next snapshot copies into them (see accel.training.checkpoint._snapshot).
-_spare: list[Any] = []
-
-
-def _take_snapshot(stored: Any) -> tuple[Any, list[Any]]:
-    global _spare
-    spare, _spare = spare_of(_spare), []
-    return take_snapshot(stored, spare)  # what it did not reuse is freed on return
-
-
-def _write(snapshot: Any, target: Path, owned: list[Any]) -> None:
-    global _spare
-    try:
-        atomic_save(snapshot, target)
-    finally:
-        del snapshot  # nothing else holds the copies: their storages are free again
-        _spare = owned
-
-
-def _write_on_rank_0(snapshot: Any, target: Path, group: Any, owned: list[Any]) -> None:
-    failure: BaseException | None = None
-    try:
-        _write(snapshot, target, owned)
-    except BaseException as exc:  # the others wait for word of it, whatever it is
-        failure = exc
-    del snapshot
-    word: list[Any] = [None]
-    if failure is not None:
-        word = [(getattr(failure, "errno", None), f"{type(failure).__name__}: {failure}")]
-    dist.broadcast_object_list(word, src=0, group=group)  # the file is complete (or not)
-    if failure is not None:
-        raise failure
-
-
-def _hear_from_rank_0(target: Path, group: Any) -> None:
-    word: list[Any] = [None]
-    dist.broadcast_object_list(word, src=0, group=group)
-    if word[0] is not None:
-        code, told = word[0]
-        raise AcceleratorOSError(
-            code if isinstance(code, int) else errno_codes.EIO,
-            f"save: the main process (rank 0) could not write the checkpoint "
-            f"{str(target)!r}: {told}",
-            str(target),
         )
 
 

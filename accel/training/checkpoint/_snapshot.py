@@ -30,14 +30,12 @@ from __future__ import annotations
 import copy
 import ctypes
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from typing import Any, Final
 
 import torch
 
-__all__ = ["Spare", "spare_of", "take_snapshot"]
-
-#: Storages of an earlier snapshot, by size in bytes, to copy into.
-Spare = dict[int, list["torch.UntypedStorage"]]
+__all__ = ["take_snapshot"]
 
 _MAPPINGS: Final = (dict, OrderedDict, Counter)
 #: Devices whose storages the host copies byte for byte (``UntypedStorage.copy_``).
@@ -45,9 +43,9 @@ _STORAGE_DEVICES: Final = frozenset({"cpu", "cuda"})
 
 
 def take_snapshot(
-    stored: Any, spare: Spare | None = None
+    stored: Any, spare: Iterable[torch.UntypedStorage] = ()
 ) -> tuple[Any, list[torch.UntypedStorage]]:
-    """``stored`` (what :func:`~accel.training.checkpoint._state.storable` returned) rebuilt
+    """``stored`` (what :func:`~accel.training.checkpoint._save.storable` returned) rebuilt
     with every tensor copied to CPU memory of its own, detached; sharing kept. Also
     the storages the copies live in, for the next snapshot's ``spare``.
 
@@ -55,13 +53,15 @@ def take_snapshot(
     an object that contains itself still does, plain values are kept. A value of a
     type allowed with ``torch.serialization.add_safe_globals`` is deep-copied.
 
-    :param spare: storages nothing else uses any more, copied into (and taken out of
-        ``spare``) where one has the size needed.
+    :param spare: storages nothing else uses any more (the last snapshot's), copied
+        into where one has the size needed; those it does not reuse are not kept.
     """
     memo: dict[int, Any] = {}
     storages: dict[tuple[str, int, int], torch.UntypedStorage] = {}
     owned: list[torch.UntypedStorage] = []
-    spare = {} if spare is None else spare
+    by_size: dict[int, list[torch.UntypedStorage]] = {}
+    for storage in spare:
+        by_size.setdefault(storage.nbytes(), []).append(storage)
     atomic = (type(None), bool, int, float, complex, str, bytes, torch.Size, torch.dtype,
               torch.device, torch.layout)  # fmt: skip
 
@@ -73,7 +73,7 @@ def take_snapshot(
         key = (str(plain.device), storage.data_ptr(), storage.nbytes())
         copied = storages.get(key) if storage.nbytes() else None
         if copied is None:
-            same_size = spare.get(storage.nbytes())
+            same_size = by_size.get(storage.nbytes())
             copied = same_size.pop() if same_size else _new_storage(storage.nbytes())
             if plain.device.type == "cpu":
                 # One memcpy: torch's copy_ splits a large copy over its intra-op
@@ -113,14 +113,6 @@ def take_snapshot(
         return memo[key]
 
     return convert(stored), owned
-
-
-def spare_of(storages: list[torch.UntypedStorage]) -> Spare:
-    """``storages`` by size, as :func:`take_snapshot` takes them."""
-    spare: Spare = {}
-    for storage in storages:
-        spare.setdefault(storage.nbytes(), []).append(storage)
-    return spare
 
 
 def _new_storage(nbytes: int) -> torch.UntypedStorage:

@@ -29,7 +29,6 @@ from accel.errors import (
 )
 from accel.training.checkpoint._atomic import atomic_save
 from accel.training.checkpoint._restoring import Move, moved_for_restore
-from accel.training.checkpoint._storing import check_loadable, convert_stateful
 from accel.training.nested import map_nested
 from accel.training.step import unwrap_compiled
 
@@ -86,25 +85,7 @@ def is_main_process() -> bool:
     return dist.get_rank() == 0
 
 
-# -- saving -----------------------------------------------------------------------------
-
-
-def storable(obj: Any, module_state: Callable[[Any], dict[str, Any]]) -> Any:
-    """``obj`` as it is stored: an object with ``state_dict()`` (a module, an optimizer,
-    an LR scheduler, a grad scaler), at the top or anywhere in dicts, lists and tuples,
-    becomes its state dict, a module's through ``module_state``; the rest is kept.
-
-    Containers on the way to such an object are copied (a state dict keeps its
-    ``_metadata``); where there is none, ``obj`` itself comes back, so one that contains
-    itself still does. Then everything must be something ``weights_only`` loading reads
-    back, checked before anything is written.
-
-    :raises TypeError: a value ``acc.load`` could not read; the message gives its path.
-    """
-
-    stored = convert_stateful(obj, module_state, _has_state)
-    check_loadable(stored)
-    return stored
+# -- the save hook's fallback write (the rest of a save: _save.py) --------------------
 
 
 def save_on_main_process(obj: Any, path: str | os.PathLike[str]) -> None:
@@ -333,10 +314,6 @@ def _check_optimizer_state(key: str | None, optimizer: Any, stored: Any, path: s
 
 def _where(key: str | None, path: str) -> str:
     return f"{path!r}" if key is None else f"entry {key!r} of {path!r}"
-
-
-def _has_state(value: Any) -> bool:
-    return callable(getattr(value, "state_dict", None)) and not isinstance(value, type)
 
 
 def _not_a_checkpoint(name: str, exc: BaseException) -> ValueError:

@@ -29,8 +29,8 @@ from resumable_loop import SAMPLES, VOCAB, TiedDropoutLM, batch_at
 from torch import nn
 
 import accel
-from accel.training.checkpoint import _async_save
 from accel.training.checkpoint import _atomic as atomic
+from accel.training.checkpoint import _save
 from accel.training.checkpoint._retention import (
     checkpoint_path,
     latest_checkpoint,
@@ -40,7 +40,7 @@ from accel.training.checkpoint._retention import (
 
 def die_in_write(name: str) -> None:
     writing = threading.local()
-    real_save, real_write = _async_save.atomic_save, atomic._RecordingFile.write
+    real_save, real_write = _save.atomic_save, atomic._RecordingFile.write
 
     def atomic_save(obj: Any, path: Any) -> None:
         writing.name = Path(path).name
@@ -53,7 +53,7 @@ def die_in_write(name: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return written
 
-    _async_save.atomic_save = atomic_save  # type: ignore[assignment]
+    _save.atomic_save = atomic_save  # type: ignore[assignment]
     atomic._RecordingFile.write = write  # type: ignore[method-assign]
 
 
