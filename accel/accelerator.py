@@ -471,6 +471,8 @@ class Accelerator:
 
         Inside it, ``guard.requested`` turns true at the step where a signal was noted,
         on every process of a distributed job at the same step; save then and leave
-        the loop. The previous signal handlers are back on exit.
+        the loop. The previous signal handlers are back on exit. A signal that came
+        before the guard was entered, from the run's first call into accel on (under
+        SLURM, or everywhere with ``ACCEL_EARLY_SIGNALS=1``), shows at the first read.
         """
         return PreemptionGuard(self.device, signals=signals)

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from accel._util.names import ACCELERATOR_ENV as _ACCELERATOR_ENV
+from accel.tools._conformance import add_conformance_command
 
 __all__ = ["main"]
 
@@ -40,7 +41,7 @@ class CliError(Exception):
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accel",
-        description="Accelerator plugins for PyTorch: list, inspect, demo, check.",
+        description="Accelerator plugins for PyTorch: list, inspect, demo, check, conformance.",
         epilog="exit status: 0 ok, 1 ties came apart, 2 error, 130 interrupted",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -85,6 +86,8 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("factory", metavar="MODULE:FACTORY", help="callable that builds the model")
     check.add_argument("--accelerator", "-a", default=None, help=_DEFAULT_NAME_HELP)
     check.set_defaults(run=_cmd_check)
+
+    add_conformance_command(commands, common)
     return parser
 
 

@@ -38,6 +38,10 @@ __all__ = ["accelerator"]
 MARKER_NAME: Final = "accelerator"
 #: Where ``--accelerator`` is stored: ``config.getoption(OPTION_DEST)``.
 OPTION_DEST: Final = "accel_accelerator"
+#: Where ``--accel-limits`` is stored (read by accel.testing.conformance's tests).
+LIMITS_DEST: Final = "accel_conformance_limits"
+#: What the conformance kit's test ids start with, after the module path.
+_CONFORMANCE_TEST: Final = "test_conformance.py::test_promise["
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             "@pytest.mark.accelerator(...) use it when it is one of the names they list."
         ),
     )
+    group.addoption(
+        "--accel-limits",
+        dest=LIMITS_DEST,
+        metavar="MODULE:OBJECT",
+        default=None,
+        help=(
+            "for `pytest --pyargs accel.testing.conformance`: the "
+            "accel.testing.conformance.Limits object declaring what the device cannot do; "
+            "the promises that need it are skipped with its reason"
+        ),
+    )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """After a conformance kit run, name every promise skipped by a declared limit, so
+    that a green run still shows what it did not check."""
+    skipped = [
+        report
+        for report in terminalreporter.stats.get("skipped", [])
+        if _CONFORMANCE_TEST in getattr(report, "nodeid", "")
+    ]
+    if not skipped:
+        return
+    terminalreporter.section("accel conformance: promises skipped by declared limits")
+    for report in skipped:
+        promise = report.nodeid.partition(_CONFORMANCE_TEST)[2].rstrip("]")
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        terminalreporter.line(f"{promise}: {reason.removeprefix('Skipped: ')}")
 
 
 @pytest.hookimpl(trylast=True)

@@ -32,6 +32,9 @@ NEEDS_MORE: dict[str, tuple[str, str]] = {
     "accel.integrations.lightning": ("lightning", "the 'lightning' extra"),
     "accel.integrations.ray": ("ray", "the 'ray' extra"),
     "accel.tools.pytest_plugin": ("pytest", "pytest, which loads it through pytest11"),
+    # The kit's pytest front end (`pytest --pyargs accel.testing.conformance`); the kit
+    # itself (run(), `accel conformance`) needs no pytest.
+    "accel.testing.conformance.test_conformance": ("pytest", "pytest, which runs it"),
 }
 
 #: Tracked files the sdist leaves out on purpose ([tool.hatch.build.targets.sdist]).

@@ -102,7 +102,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the move machinery and the typed hook caller", ("accel._core",)),
     ("the handle", ("accel.accelerator",)),
     ("selection and the registry", ("accel._registry", "accel.registry")),
-    ("on top", ("accel.distributed", "accel.integrations", "accel.tools", "accel.__main__")),
+    (
+        "on top",
+        (
+            "accel.distributed",
+            "accel.integrations",
+            "accel.tools",
+            "accel.testing",
+            "accel.__main__",
+        ),
+    ),
     ("the package's public names", ("accel",)),
 ]
 
@@ -188,6 +197,7 @@ TORCH_FREE = {
     "accel.distributed",
     "accel.tools",
     "accel.tools.cli",
+    "accel.tools._conformance",
     "accel.tools.pytest_plugin",
 }
 

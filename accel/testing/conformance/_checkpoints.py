@@ -1,0 +1,137 @@
+"""Promises of checkpoints: state_dict on the CPU with a tie stored once, save and load
+(synchronous and asynchronous), and the restore into the model on the device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accel.testing.conformance._catalog import Subject, promise
+from accel.testing.conformance._models import TiedModel, cpu_copy, same_values, sgd_for
+
+__all__ = ["PROMISES"]
+
+
+def _trained(subject: Subject) -> tuple[TiedModel, torch.optim.SGD]:
+    """A tied model on the device, with momentum in its optimizer's state, without a
+    forward pass (gradients set by hand)."""
+    model = subject.accelerator.model_to_device(TiedModel())
+    optimizer = sgd_for(model, momentum=0.9)
+    for parameter in model.parameters():
+        parameter.grad = torch.ones_like(parameter)
+    subject.accelerator.optimizer_step(optimizer)
+    return model, optimizer
+
+
+def _other(subject: Subject) -> tuple[TiedModel, torch.optim.SGD]:
+    """A second, different model to load into."""
+    model = TiedModel()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(7.0)
+    model = subject.accelerator.model_to_device(model)
+    optimizer = sgd_for(model, momentum=0.9)
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+    subject.accelerator.optimizer_step(optimizer)  # creates momentum buffers to overwrite
+    return model, optimizer
+
+
+def _momentum(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [
+        optimizer.state[p]["momentum_buffer"].detach().to("cpu")
+        for group in optimizer.param_groups
+        for p in group["params"]
+    ]
+
+
+def _restored(
+    subject: Subject,
+    model: TiedModel,
+    optimizer: torch.optim.Optimizer,
+    expected: dict[str, torch.Tensor],
+    momentum: list[torch.Tensor],
+) -> None:
+    device_type = subject.accelerator.device.type
+    same_values(cpu_copy(model), expected, "after load")
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        assert tensor.device.type == device_type, f"after load: {name} is on {tensor.device}"
+    assert model.head.weight is model.embed.weight, "after load: the tie came apart"
+    got = _momentum(optimizer)
+    assert len(got) == len(momentum), f"after load: {len(got)} momentum buffers"
+    for index, (buffer, original) in enumerate(zip(got, momentum, strict=True)):
+        assert torch.equal(buffer, original), f"after load: momentum buffer {index} differs"
+
+
+@promise(
+    "checkpoints.state_dict",
+    "state_dict has every tensor on the CPU, the model's values, and a tied weight as one "
+    "tensor that torch.save stores once",
+)
+def state_dict(subject: Subject) -> None:
+    model, _ = _trained(subject)
+    state = subject.accelerator.state_dict(model)
+    for name, tensor in state.items():
+        assert tensor.device.type == "cpu", f"state_dict: {name} is on {tensor.device}"
+    same_values(state, cpu_copy(model), "state_dict")
+    tied = state["embed.weight"], state["head.weight"]
+    assert tied[0].untyped_storage().data_ptr() == tied[1].untyped_storage().data_ptr(), (
+        "state_dict: embed.weight and head.weight are two tensors, so a checkpoint stores "
+        "the tie twice and loading it unties"
+    )
+    path = subject.workdir / "state.pt"
+    torch.save(state, path)
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["embed.weight"].data_ptr() == loaded["head.weight"].data_ptr(), (
+        "the saved state_dict stores the tied weight twice"
+    )
+
+
+@promise(
+    "checkpoints.save_and_load",
+    "save then load(path, state) restores the model and optimizer in place on the device, "
+    "tied, and returns the other entries",
+)
+def save_and_load(subject: Subject) -> None:
+    acc = subject.accelerator
+    model, optimizer = _trained(subject)
+    expected, momentum = cpu_copy(model), _momentum(optimizer)
+    path = subject.workdir / "checkpoint.pt"
+    acc.save({"model": model, "optimizer": optimizer, "step": 3}, path)
+    target, target_optimizer = _other(subject)
+    parameters = list(target.parameters())
+    rest = acc.load(path, {"model": target, "optimizer": target_optimizer})
+    assert rest == {"step": 3}, f"load returned {rest!r}, not the other entries"
+    assert list(target.parameters()) == parameters, "load replaced the model's Parameters"
+    _restored(subject, target, target_optimizer, expected, momentum)
+    stored: Any = acc.load(path)
+    for name, tensor in stored["model"].items():
+        assert tensor.device.type == "cpu", f"load(path): {name} is on {tensor.device}"
+    assert (
+        stored["model"]["embed.weight"].data_ptr() == stored["model"]["head.weight"].data_ptr()
+    ), "the checkpoint stores the tied weight twice"
+
+
+@promise(
+    "checkpoints.save_asynchronously",
+    "save(asynchronous=True) stores the model as it was when save returned, and loads "
+    "like a synchronous save",
+)
+def save_asynchronously(subject: Subject) -> None:
+    acc = subject.accelerator
+    model, optimizer = _trained(subject)
+    expected, momentum = cpu_copy(model), _momentum(optimizer)
+    path = subject.workdir / "async.pt"
+    pending = acc.save({"model": model, "optimizer": optimizer}, path, asynchronous=True)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(100.0)  # after the snapshot: must not reach the file
+    pending.wait()
+    assert pending.done(), "wait() returned before the save was done"
+    target, target_optimizer = _other(subject)
+    acc.load(path, {"model": target, "optimizer": target_optimizer})
+    _restored(subject, target, target_optimizer, expected, momentum)
+
+
+PROMISES = (state_dict, save_and_load, save_asynchronously)

@@ -1,0 +1,187 @@
+"""Promises of two processes on the accelerator's distributed backend: an all-reduce,
+and a DDP step equal to the same step in one process.
+
+The two workers are fresh interpreters that select the accelerator by name from accel's
+default registry, as a launched job would: the plugin must be installed (an entry
+point), not registered in the parent's code.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import accel.distributed as adist
+from accel.testing.conformance._catalog import Subject, promise
+from accel.testing.conformance._models import (
+    assert_close,
+    cpu_copy,
+    cpu_reference_step,
+    reference_inputs,
+    reference_layer,
+    sgd_for,
+)
+
+__all__ = ["PROMISES"]
+
+WORLD_SIZE = 2
+#: Seconds both workers get to start (importing torch), meet and finish.
+TIMEOUT_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+#: What the workers check, in this order, in one start of the two processes.
+TASKS = ("all_reduce", "ddp_step")
+
+
+def _all_reduce(rank: int, acc: Any) -> dict[str, torch.Tensor]:
+    tensor = torch.full((3,), float(rank + 1), device=acc.device)
+    torch.distributed.all_reduce(tensor)
+    return {"sum": tensor.to("cpu")}
+
+
+def _ddp_step(rank: int, acc: Any) -> dict[str, torch.Tensor]:
+    model = acc.model_to_device(reference_layer())
+    optimizer = sgd_for(model)
+    wrapped = adist.wrap_data_parallel(model)
+    inputs, targets = reference_inputs()
+    x, y = acc.batch_to_device((inputs.chunk(2)[rank], targets.chunk(2)[rank]))
+    # DDP averages the ranks' gradients: twice each half's sum is the whole batch's
+    # sum, as the one-process step computes it.
+    loss = nn.functional.mse_loss(wrapped(x), y, reduction="sum") * WORLD_SIZE
+    loss.backward()  # type: ignore[no-untyped-call]
+    acc.optimizer_step(optimizer)
+    return cpu_copy(model)
+
+
+def _worker(rank: int, name: str, port: int, workdir: str) -> None:
+    """One rank: start the group through accel, run every task, store what each found
+    (its tensors, or the error's last line) for the parent."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD_SIZE),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(WORLD_SIZE),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    results: dict[str, Any] = {}
+    try:
+        context = adist.init_process_group(name, timeout=TIMEOUT_S)
+        try:
+            for task, check in zip(TASKS, (_all_reduce, _ddp_step), strict=True):
+                try:
+                    results[task] = check(rank, context.accelerator)
+                except Exception as exc:
+                    results[task] = _last_line(exc)
+        finally:
+            adist.destroy_process_group()
+    except Exception as exc:
+        results = dict.fromkeys(TASKS, f"starting the group: {_last_line(exc)}")
+    torch.save(results, Path(workdir) / f"rank{rank}.pt")
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+# One start of the two workers serves both promises: the second reads what the first
+# ran (keyed by the run's directory, so that every run starts them afresh).
+_ran: dict[Path, list[dict[str, Any]]] = {}
+
+
+def _results(subject: Subject, task: str) -> list[Any]:
+    """Each rank's result of ``task``; an error names the rank that failed and how."""
+    run_dir = subject.workdir.parent
+    if run_dir not in _ran:
+        _ran[run_dir] = _start(subject)
+    found = []
+    for rank, results in enumerate(_ran[run_dir]):
+        result = results[task]
+        assert not isinstance(result, str), f"rank {rank} failed: {result}"
+        found.append(result)
+    return found
+
+
+def _start(subject: Subject) -> list[dict[str, Any]]:
+    workdir = subject.workdir
+    port = _free_port()
+    # Fresh interpreters (not multiprocessing's spawn, which would re-run the caller's
+    # main script) that import what this process imports.
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", __name__, str(rank), subject.requested, str(port), str(workdir)],
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(WORLD_SIZE)
+    ]
+    outputs = []
+    try:
+        for rank, worker in enumerate(workers):
+            try:
+                outputs.append(worker.communicate(timeout=TIMEOUT_S)[0])
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"rank {rank} did not finish within {TIMEOUT_S} s") from None
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    found = []
+    for rank, worker in enumerate(workers):
+        out = workdir / f"rank{rank}.pt"
+        if worker.returncode != 0 or not out.exists():
+            last = (outputs[rank].strip().splitlines() or [""])[-1] if rank < len(outputs) else ""
+            raise AssertionError(
+                f"rank {rank} exited with status {worker.returncode} before storing its "
+                f"results: {last}"
+            )
+        found.append(torch.load(out, weights_only=True))
+    return found
+
+
+@promise(
+    "distributed.all_reduce",
+    "two processes start the group on the accelerator's backend and all-reduce a tensor",
+    needs=("distributed",),
+)
+def all_reduce(subject: Subject) -> None:
+    for rank, result in enumerate(_results(subject, "all_reduce")):
+        got = result["sum"].tolist()
+        assert got == [3.0] * 3, f"rank {rank}: the all-reduce of 1 and 2 gave {got}"
+
+
+@promise(
+    "distributed.ddp_step",
+    "a DDP step of two processes, half the batch each, equals one process's step",
+    needs=("distributed", "forward"),
+)
+def ddp_step(subject: Subject) -> None:
+    expected = cpu_reference_step(*reference_inputs())
+    for rank, result in enumerate(_results(subject, "ddp_step")):
+        assert_close(result, expected, f"rank {rank} after the DDP step")
+
+
+PROMISES = (all_reduce, ddp_step)
+
+
+if __name__ == "__main__":  # one worker: RANK NAME PORT WORKDIR
+    _worker(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4])
