@@ -11,6 +11,7 @@ from helpers.fakes import MetaTpuPlugin
 from helpers.registries import isolated_registry
 
 XLA_TIER = os.environ.get("ACCEL_TIER") == "xla"
+DEVICES_TIER = os.environ.get("ACCEL_TIER") == "devices"
 
 # The Ray Train tests import Ray, which only the environments of `bash scripts/test ray`
 # have; elsewhere they are not collected (the stage fails if it collects none).
@@ -20,11 +21,24 @@ collect_ignore_glob = [] if importlib.util.find_spec("ray") else ["integrations/
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     has_xla = importlib.util.find_spec("torch_xla") is not None
     for item in items:
+        device = item.get_closest_marker("devices")
+        if device is not None:
+            _need_device_backend(item, *device.args)
         if item.get_closest_marker("xla") is None or has_xla:
             continue
         if XLA_TIER:
             raise pytest.UsageError("the XLA tier runs without torch_xla installed")
         item.add_marker(pytest.mark.skip(reason="needs torch_xla: run `bash scripts/test xla`"))
+
+
+def _need_device_backend(item: pytest.Item, name: str) -> None:
+    """A test of a real third-party backend runs where its env has it (the `devices`
+    stage, which must never skip one) and is skipped, saying where it runs, elsewhere."""
+    if importlib.util.find_spec(f"torch_{name}") is not None:
+        return
+    if DEVICES_TIER:
+        raise pytest.UsageError(f"the devices stage runs {item.nodeid} without torch-{name}")
+    item.add_marker(pytest.mark.skip(reason=f"needs torch-{name}: run `bash scripts/test devices`"))
 
 
 @pytest.fixture(autouse=True)
