@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 import accel.distributed as adist
 from accel.testing.conformance._catalog import Subject, promise
@@ -27,6 +26,7 @@ from accel.testing.conformance._models import (
     reference_inputs,
     reference_layer,
     sgd_for,
+    squared_error,
 )
 
 __all__ = ["PROMISES"]
@@ -61,7 +61,7 @@ def _ddp_step(rank: int, acc: Any) -> dict[str, torch.Tensor]:
     x, y = acc.batch_to_device((inputs.chunk(2)[rank], targets.chunk(2)[rank]))
     # DDP averages the ranks' gradients: twice each half's sum is the whole batch's
     # sum, as the one-process step computes it.
-    loss = nn.functional.mse_loss(wrapped(x), y, reduction="sum") * WORLD_SIZE
+    loss = squared_error(wrapped(x), y) * WORLD_SIZE
     loss.backward()  # type: ignore[no-untyped-call]
     acc.optimizer_step(optimizer)
     return cpu_copy(model)

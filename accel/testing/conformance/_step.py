@@ -4,7 +4,6 @@ no_sync, the grad scaler, autocast and compile."""
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from accel.errors import AcceleratorValueError
 from accel.testing.conformance._catalog import Subject, promise
@@ -15,6 +14,7 @@ from accel.testing.conformance._models import (
     reference_inputs,
     reference_layer,
     sgd_for,
+    squared_error,
 )
 
 __all__ = ["PROMISES"]
@@ -73,7 +73,7 @@ def accumulation_and_no_sync(subject: Subject) -> None:
     for index, (x, y) in enumerate(halves):
         with acc.no_sync(model, enabled=index < len(halves) - 1):
             x, y = acc.batch_to_device((x, y))
-            nn.functional.mse_loss(model(x), y, reduction="sum").backward()  # type: ignore[no-untyped-call]
+            squared_error(model(x), y).backward()  # type: ignore[no-untyped-call]
     acc.optimizer_step(optimizer)
     assert_close(cpu_copy(model), cpu_reference_step(inputs, targets), "accumulated step")
 
@@ -96,7 +96,7 @@ def grad_scaler(subject: Subject) -> None:
     model = acc.model_to_device(reference_layer())
     optimizer = sgd_for(model)
     x, y = acc.batch_to_device((inputs, targets))
-    loss = nn.functional.mse_loss(model(x), y, reduction="sum")
+    loss = squared_error(model(x), y)
     scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
     acc.optimizer_step(optimizer, scaler=scaler)
     assert_close(cpu_copy(model), cpu_reference_step(inputs, targets), "scaled step")

@@ -12,10 +12,6 @@ from accel.testing.conformance import Limits
 __all__ = ["LIMITS"]
 
 LIMITS = Limits(
-    # Not the forward pass itself (linear layers, embeddings, ReLU, softmax, cross-entropy
-    # and their backward run, and tests/devices trains a model there), but the loss the
-    # kit's training-step checks take.
-    forward="torch-nntile has no mse_loss kernel, the loss of the kit's training-step checks",
     random="torch-nntile has no random kernels (uniform_, normal_) and no device generator",
     autocast="nntile tensors are float32 or int64: no half precision to autocast to",
     compile="torch.compile's inductor has no nntile device (KeyError: 'nntile')",
