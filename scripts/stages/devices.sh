@@ -36,7 +36,23 @@ python_for() {
 
 # -- an OpenCL platform for torch-opencl: pocl's CPU driver ------------------------------
 
-if ! compgen -G "/etc/OpenCL/vendors/*.icd" >/dev/null; then
+has_opencl_driver() {
+    # An ICD file names its driver's library; a removed package can leave the file behind
+    # (apt-get remove keeps /etc/OpenCL/vendors/pocl.icd), so the library must be there too.
+    local icd library
+    for icd in /etc/OpenCL/vendors/*.icd; do
+        [[ -f "$icd" ]] || continue
+        library="$(head -n1 "$icd")"
+        if [[ "$library" == /* ]]; then
+            [[ -e "$library" ]] && return 0
+        elif ldconfig -p | grep -qF "$library"; then
+            return 0
+        fi
+    done
+    return 1
+}
+
+if ! has_opencl_driver; then
     if [[ $(id -u) -ne 0 ]]; then
         echo "error: torch-opencl needs an OpenCL driver; as root run:" >&2
         echo "  apt-get update && apt-get install -y pocl-opencl-icd" >&2
