@@ -8,6 +8,7 @@ its runtime starts."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,11 @@ def _run(directory: Path, **env: str) -> int:
         env={"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2", **env},
         timeout=300,
     )
+    if result.returncode not in (0, -signal.SIGKILL):
+        # A run that failed rather than being killed: its output is the only clue.
+        print(f"spmd_resume.py {directory.name} {env} exited {result.returncode}:")
+        print(result.stdout)
+        print(result.stderr[-8000:])
     return result.returncode
 
 
