@@ -15,6 +15,8 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from accel.errors import AcceleratorOSError
+
 __all__ = ["add_conformance_command"]
 
 EXIT_OK = 0
@@ -51,8 +53,7 @@ def add_conformance_command(commands: Any, common: argparse.ArgumentParser) -> N
 
 def run_conformance_command(args: argparse.Namespace) -> int:
     """Run the kit as ``args`` asks; print the rows and the summary."""
-    from accel.errors import AcceleratorOSError
-    from accel.testing.conformance import Limits, load_limits, run
+    from accel.testing.conformance import Limits, load_limits, run  # imports torch
 
     if "" not in sys.path:
         sys.path.insert(0, "")  # like `python -m`: a limits module in the current directory
