@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 import torch
 
 from accel._util.notes import add_note
+from accel.plugins._xla_cut import cut
 from accel.training.batch import BatchMover
 from accel.training.nested import map_nested
 
@@ -71,7 +72,6 @@ class XlaLoader:
         self.move = move
 
     def __iter__(self) -> Iterator[Any]:
-        import torch_xla
         import torch_xla.distributed.parallel_loader as pl
 
         source = _Capturing(self.loader)
@@ -95,7 +95,7 @@ class XlaLoader:
                 else:
                     accumulating = False
                 if loop.owed or not accumulating:
-                    torch_xla.sync()  # before waiting for the batch: the step runs meanwhile
+                    cut()  # before waiting for the batch: the step runs meanwhile
                     loop.owed = False
                 try:
                     moved = next(batches)
@@ -112,7 +112,7 @@ class XlaLoader:
         finally:  # also on `break`: the loop's last step is marked here
             loop.active -= 1
             if loop.owed:
-                torch_xla.sync()
+                cut()
                 loop.owed = False
         if source.error is not None:
             add_note(

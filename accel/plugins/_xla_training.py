@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from accel.errors import AcceleratorOSError, AcceleratorRuntimeError, AcceleratorValueError
 from accel.markers import hookimpl
+from accel.plugins._xla_cut import cut, hold_for_step, release_held
 from accel.plugins._xla_gradients import note_reduced, reduce_for_clipping, reduce_for_step
 from accel.plugins._xla_loader import XlaLoader, chain, watch_model
 from accel.plugins._xla_loader import loop_state as _loop_state
@@ -48,10 +49,12 @@ class XlaTrainingHooks:
     # step_with_closure's _Stepped.
     @hookimpl(wrapper=True, trylast=True)
     def optimizer_step(
-        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None
+        self,
+        optimizer: torch.optim.Optimizer,
+        closure: Callable[[], Any] | None,
+        device: torch.device,
     ) -> Generator[None, Any, Any]:
-        import torch_xla
-
+        hold_for_step(optimizer, device)  # XLA:CPU only: see accel.plugins._xla_cut
         if closure is None:
             # All-reduce, only when several replicas train, and not again what clipping
             # did; before a scaler's step, so every replica sees the same overflow.
@@ -64,7 +67,7 @@ class XlaTrainingHooks:
         if loop.active and loop.fetches != loop.fetches_at_last_step:
             loop.owed = True  # a device_loader loop: its next batch marks the step
         else:
-            torch_xla.sync()
+            cut()
             loop.owed = False
         loop.fetches_at_last_step = loop.fetches
         return result
@@ -105,15 +108,14 @@ class XlaTrainingHooks:
 
     @hookimpl
     def mark_step(self) -> None:
-        import torch_xla
-
-        torch_xla.sync()
+        cut()
 
     @hookimpl
     def synchronize(self) -> bool:
         import torch_xla.core.xla_model as xm
 
         xm.wait_device_ops()
+        release_held()  # nothing runs any more that could read them
         return True
 
     @hookimpl
@@ -166,11 +168,9 @@ class XlaTrainingHooks:
 
     @hookimpl
     def state_dict(self) -> None:
-        import torch_xla
-
         # Run what is pending first: each tensor then crosses to the CPU as data, not
         # as a graph of its own (one compilation per parameter otherwise).
-        torch_xla.sync()
+        cut()
         return None  # the fallback copies each distinct tensor once
 
     @hookimpl
