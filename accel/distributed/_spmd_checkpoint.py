@@ -77,9 +77,26 @@ def spmd_load(
 
 
 def spmd_save_planner() -> Any:
+    """torch_xla's save planner, once no execution writes the state any more."""
     from torch_xla.experimental.distributed_checkpoint import SPMDSavePlanner
 
+    _settle()
     return SPMDSavePlanner()
+
+
+def _settle() -> None:
+    """Run the pending graph and wait for every execution to end.
+
+    torch_xla's planners read (and, loading, write) each sharded tensor's shards
+    directly, and a tensor that an execution still writes raises "Trying to access XLA
+    data ... while an async operation is in flight": a step's sync returns while its
+    execution runs on (accel.plugins._xla_cut).
+    """
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    torch_xla.sync()
+    xm.wait_device_ops()
 
 
 def spmd_load_planner() -> Any:
@@ -87,6 +104,8 @@ def spmd_load_planner() -> Any:
     :meth:`Accelerator.load` does), so nothing in the checkpoint runs; an entry the
     checkpoint lacks is an :class:`AcceleratorKeyError` naming it."""
     from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner
+
+    _settle()
 
     class WeightsOnlySPMDLoadPlanner(CheckedLoadPlanner, SPMDLoadPlanner):  # type: ignore[misc]
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
