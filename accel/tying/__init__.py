@@ -99,56 +99,75 @@ def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
 
     The walk uses an explicit stack rather than ``named_modules()`` (a recursive
     generator, most of the cost on deep models) and visits modules in the same
-    order, under the same names. Per slot it does one dict lookup; qualified names
-    are built only for slots that turn out to be tied.
+    order, under the same names. Per slot it does one dict operation; qualified
+    names are built only for slots that turn out to be tied.
     """
-    slots_by_tensor: dict[int, list[_Slot]] = {}
+    # tensor id -> its one slot; once seen in a second slot, the list of its slots.
+    # The list replaces the slot under the same key, so the groups keep the order in
+    # which their tensors were first seen; most tensors never need a list.
+    slots_by_tensor: dict[int, _Slot | list[_Slot]] = {}
+    remember = slots_by_tensor.setdefault
+    tied = False
     parameter_count = 0
     # Parameters first seen in a buffer slot: rare, but they still count once.
     counted_late: set[int] = set()
     visited: set[int] = set()
     stack: list[tuple[nn.Module, _Path]] = [(model, None)]
+    pop, push = stack.pop, stack.append
     while stack:
-        module, path = stack.pop()
+        module, path = pop()
         if id(module) in visited:
             continue  # registered twice: keep the first path, as named_modules() does
         visited.add(id(module))
-        parameters = module._parameters
+        # The instance dict once, rather than three attribute lookups through the
+        # class hierarchy (nn.Module subclasses are deep).
+        registries = module.__dict__
+        parameters = registries["_parameters"]
         if parameters:
             for name, tensor in parameters.items():
                 if tensor is not None:
-                    key = id(tensor)
-                    slots = slots_by_tensor.get(key)
-                    if slots is None:
-                        slots_by_tensor[key] = [(module, name, "parameter", path)]
+                    slot: _Slot = (module, name, "parameter", path)
+                    seen = remember(id(tensor), slot)
+                    if seen is slot:
                         parameter_count += 1
-                    else:
-                        if slots[0][2] == "buffer" and key not in counted_late:
-                            counted_late.add(key)
+                    elif type(seen) is list:
+                        seen.append(slot)
+                        if seen[0][2] == "buffer" and id(tensor) not in counted_late:
+                            counted_late.add(id(tensor))
                             parameter_count += 1
-                        slots.append((module, name, "parameter", path))
-        if buffers and module._buffers:
-            for name, buffer in module._buffers.items():
-                if buffer is not None:
-                    slots = slots_by_tensor.get(id(buffer))
-                    if slots is None:
-                        slots_by_tensor[id(buffer)] = [(module, name, "buffer", path)]
                     else:
-                        slots.append((module, name, "buffer", path))
-        children = module._modules
+                        if seen[2] == "buffer":
+                            counted_late.add(id(tensor))
+                            parameter_count += 1
+                        slots_by_tensor[id(tensor)] = [seen, slot]  # type: ignore[list-item]
+                        tied = True
+        if buffers:
+            module_buffers = registries["_buffers"]
+            if module_buffers:
+                for name, buffer in module_buffers.items():
+                    if buffer is not None:
+                        slot = (module, name, "buffer", path)
+                        seen = remember(id(buffer), slot)
+                        if seen is not slot:
+                            if type(seen) is list:
+                                seen.append(slot)
+                            else:
+                                slots_by_tensor[id(buffer)] = [seen, slot]  # type: ignore[list-item]
+                                tied = True
+        children = registries["_modules"]
         if children:
             # Reversed, so the first child is popped first: pre-order, like the recursion.
             for name, child in reversed(children.items()):
                 if child is not None:
-                    stack.append((child, (path, name)))
+                    push((child, (path, name)))
     groups = [
         TiedGroup(
             "parameter" if any(slot[2] == "parameter" for slot in slots) else "buffer",
             tuple(_qualified_name(path, name) for _, name, _, path in slots),
             tuple((module, name, kind) for module, name, kind, _ in slots),
         )
-        for slots in slots_by_tensor.values()
-        if len(slots) > 1
+        for slots in (slots_by_tensor.values() if tied else ())
+        if type(slots) is list
     ]
     groups.sort(key=lambda group: group.kind != "parameter")
     return groups, parameter_count
