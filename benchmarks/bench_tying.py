@@ -118,8 +118,7 @@ def measure_in_a_fresh_process(
 ) -> tuple[int, int, dict[str, float], dict[str, bool]]:
     """:func:`measure_model` of one model in a new interpreter: slots, groups, times,
     whether each library re-tied."""
-    argv = [sys.executable, __file__, "--one", device, str(width or 0), model_name]
-    result = json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
+    result = _in_a_fresh_process("--one", device, str(width or 0), model_name)
     return result["slots"], result["groups"], result["times"], result["retied"]
 
 
@@ -157,8 +156,13 @@ def measure_scaling() -> None:
 
 
 def scaling_in_a_fresh_process() -> dict[str, list[float]]:
-    argv = [sys.executable, __file__, "--scaling"]
-    return json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)  # type: ignore[no-any-return]
+    return _in_a_fresh_process("--scaling")  # type: ignore[no-any-return]
+
+
+def _in_a_fresh_process(*arguments: str) -> Any:
+    """This script run anew with ``arguments``; the JSON it prints."""
+    argv = [sys.executable, __file__, *arguments]
+    return json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout)
 
 
 def main() -> None:

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
 __all__ = ["cut", "hold_for_step", "release_held"]
 
@@ -58,14 +57,15 @@ def cut() -> None:
 
 
 def hold_for_step(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """On XLA:CPU, keep the tensors ``optimizer``'s step overwrites from being donated."""
+    """On XLA:CPU, keep an alias of each tensor ``optimizer``'s step overwrites until the
+    cut after the step's own."""
     if not _host_is_the_device(device.type):
         return
     aliases = [param.detach() for group in optimizer.param_groups for param in group["params"]]
     for state in optimizer.state.values():
         for value in state.values():
             # AdamW's step counter stays on the CPU; only device tensors are donated.
-            if getattr(value, "device", None) is not None and value.device.type == "xla":
+            if isinstance(value, torch.Tensor) and value.device.type == "xla":
                 aliases.append(value.detach())
     _HELD.for_next_cut.extend(aliases)
 
