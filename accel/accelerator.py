@@ -101,6 +101,16 @@ class Accelerator:
     def __repr__(self) -> str:
         return f"Accelerator(name={self.name!r}, device={str(self.device)!r})"
 
+    def __eq__(self, other: object) -> bool:
+        # Two handles of one registry's accelerator on one device do the same thing
+        # (tie_check is a setting of the handle, not what it selects).
+        if not isinstance(other, Accelerator):
+            return NotImplemented
+        return self._hooks is other._hooks and self.device == other.device
+
+    def __hash__(self) -> int:
+        return hash((id(self._hooks), self.device))
+
     def is_available(self) -> bool:
         """Whether the accelerator can still be used (asks its plugin again)."""
         return self._hooks.availability().available
