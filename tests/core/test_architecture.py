@@ -27,9 +27,17 @@ def _modules() -> dict[str, Path]:
 
 def _imports(module: str, path: Path, known: set[str]) -> set[str]:
     """Every accel module ``module`` imports anywhere: at the top, inside functions,
-    and under ``TYPE_CHECKING`` alike."""
+    and under ``TYPE_CHECKING`` alike.
+
+    Importing ``accel.x.y`` runs the packages ``accel`` and ``accel.x`` first, which is
+    not a circle; but ``from accel.x import name`` in ``accel.x.y`` reads the package's
+    own namespace (a submodule name included) while the package may still be importing
+    ``accel.x.y``: that is an edge to the package, and a circle where the package
+    imports the module back.
+    """
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     targets: set[str] = set()
+    read_from: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -40,12 +48,16 @@ def _imports(module: str, path: Path, known: set[str]) -> set[str]:
                 base = f"{base}.{node.module}" if node.module else base
             # "from accel.x import y": y may be a module of its own.
             names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            # accel/__init__.py reaches its submodules only through its lazy names,
+            # after it has finished: reading its namespace is never a circle.
+            if _is_ancestor(base, module) and base != "accel":
+                read_from.add(base)
         else:
             continue
         for name in names:
             while name and name not in known:
                 name = name.rpartition(".")[0]
-            if name and name != module:
+            if name and name != module and (not _is_ancestor(name, module) or name in read_from):
                 targets.add(name)
     return targets
 
@@ -57,20 +69,14 @@ def _graph() -> dict[str, set[str]]:
     # The package's lazy names (PEP 562) are imports too.
     lazy = getattr(accel, "_LAZY_NAMES", {})
     graph["accel"] |= set(lazy.values())
-    # Importing accel.x.y runs accel/__init__.py and accel/x/__init__.py first: an edge
-    # from a module to a package it lives in is not a circle (the packages' own imports
-    # are checked like every other module's).
-    return {
-        name: {t for t in targets if not _is_ancestor(t, name)} for name, targets in graph.items()
-    }
+    return graph
 
 
 def _is_ancestor(package: str, module: str) -> bool:
     return module.startswith(package + ".")
 
 
-def test_no_module_of_accel_imports_itself_back_through_others() -> None:
-    graph = _graph()
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     cycles: list[list[str]] = []
     state: dict[str, int] = {}  # 1: on the current path, 2: finished
 
@@ -86,7 +92,38 @@ def test_no_module_of_accel_imports_itself_back_through_others() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])
+    return cycles
+
+
+def test_no_module_of_accel_imports_itself_back_through_others() -> None:
+    cycles = _cycles(_graph())
     assert cycles == [], "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_circle_check_sees_a_module_reading_its_own_package(tmp_path: Path) -> None:
+    package = tmp_path / "accel" / "kit"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("from accel.kit._runner import run\n")
+    (package / "_checks.py").write_text("CHECKS = ()\n")
+    known = {"accel", "accel.kit", "accel.kit._runner", "accel.kit._checks"}
+
+    def graph_of(runner_source: str) -> dict[str, set[str]]:
+        (package / "_runner.py").write_text(runner_source)
+        return {
+            name: _imports(name, path, known)
+            for name, path in {
+                "accel.kit": package / "__init__.py",
+                "accel.kit._runner": package / "_runner.py",
+                "accel.kit._checks": package / "_checks.py",
+            }.items()
+        }
+
+    # A submodule read off the package that is importing this module: a circle.
+    for source in ("from accel.kit import _checks\n", "from . import _checks\n"):
+        assert _cycles(graph_of(source)) == [["accel.kit", "accel.kit._runner", "accel.kit"]]
+    # The module itself, imported by its full name: importing the package first is no circle.
+    for source in ("from accel.kit._checks import CHECKS\n", "import accel.kit._checks\n"):
+        assert _cycles(graph_of(source)) == []
 
 
 #: The layers, bottom first: a module imports only from its own layer and the layers
