@@ -1,8 +1,12 @@
 """Promises of checkpoints: state_dict on the CPU with a tie stored once, save and load
-(synchronous and asynchronous), and the restore into the model on the device."""
+(synchronous and asynchronous), the restore into the model on the device, a failed write
+that leaves the previous file whole, and a load that never runs code."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -134,4 +138,81 @@ def save_asynchronously(subject: Subject) -> None:
     _restored(subject, target, target_optimizer, expected, momentum)
 
 
-PROMISES = (state_dict, save_and_load, save_asynchronously)
+class _FailsToStore:
+    """Fails as a full disk does, partway through the write of a checkpoint."""
+
+    def __reduce__(self) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device (planted by the conformance kit)")
+
+
+@promise(
+    "checkpoints.failed_save",
+    "a save whose write fails raises an OSError and leaves the previous checkpoint whole, "
+    "with no other file beside it",
+)
+def failed_save(subject: Subject) -> None:
+    acc = subject.accelerator
+    path = subject.workdir / "checkpoint.pt"
+    acc.save({"step": 1, "weights": torch.ones(3)}, path)
+    previous = path.read_bytes()
+    try:
+        # Allowed for the save's check of what load reads back: the write itself fails.
+        with torch.serialization.safe_globals([_FailsToStore]):
+            acc.save({"step": 2, "weights": torch.zeros(3), "broken": _FailsToStore()}, path)
+    except OSError:
+        pass
+    else:
+        raise AssertionError(
+            "a save whose write failed (the kit's object raises OSError, as a full disk "
+            "does) returned as if it had written; a save hook must raise the OSError"
+        )
+    assert path.read_bytes() == previous, (
+        "the failed save changed the previous checkpoint: a save hook must write "
+        "atomically (accel.training.checkpoint.atomic_save)"
+    )
+    left = sorted(entry.name for entry in subject.workdir.iterdir())
+    assert left == [path.name], f"the failed save left {left} in the checkpoint's directory"
+
+
+def _code_ran(marker: str) -> None:
+    """What the crafted checkpoint asks the unpickler to call: it records that it ran
+    (in the check's own directory) and does nothing else."""
+    Path(marker).write_text("a checkpoint ran code while it was loaded\n", encoding="utf-8")
+
+
+class _RunsCode:
+    """Pickled as a call of :func:`_code_ran`: loading it with ``weights_only=False``
+    runs that call, as a malicious checkpoint would run anything."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return _code_ran, (self.marker,)
+
+
+@promise(
+    "checkpoints.load_runs_no_code",
+    "load reads with weights_only=True: a checkpoint crafted to run code when unpickled "
+    "is refused, and nothing in it runs",
+)
+def load_runs_no_code(subject: Subject) -> None:
+    marker = subject.workdir / "code-ran"
+    path = subject.workdir / "crafted.pt"
+    torch.save({"step": 1, "payload": _RunsCode(marker)}, path)  # written as an attacker would
+    # The refusal (torch's UnpicklingError, or the plugin's own) is the promise kept.
+    with contextlib.suppress(Exception):
+        subject.accelerator.load(path)
+    assert not marker.exists(), (
+        "loading a crafted checkpoint through acc.load ran code from it: a load hook must "
+        "read with torch.load(..., weights_only=True)"
+    )
+
+
+PROMISES = (
+    state_dict,
+    save_and_load,
+    save_asynchronously,
+    failed_save,
+    load_runs_no_code,
+)

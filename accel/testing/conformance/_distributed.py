@@ -1,5 +1,5 @@
 """Promises of two processes on the accelerator's distributed backend: an all-reduce,
-and a DDP step equal to the same step in one process.
+a DDP step equal to the same step in one process, and accumulation under no_sync.
 
 The two workers are fresh interpreters that select the accelerator by name from accel's
 default registry, as a launched job would: the plugin must be installed (an entry
@@ -44,7 +44,7 @@ def _free_port() -> int:
 
 
 #: What the workers check, in this order, in one start of the two processes.
-TASKS = ("all_reduce", "ddp_step")
+TASKS = ("all_reduce", "ddp_step", "no_sync")
 
 
 def _all_reduce(rank: int, acc: Any) -> dict[str, torch.Tensor]:
@@ -67,6 +67,30 @@ def _ddp_step(rank: int, acc: Any) -> dict[str, torch.Tensor]:
     return cpu_copy(model)
 
 
+def _grads(model: Any) -> dict[str, torch.Tensor]:
+    return {name: p.grad.to("cpu").clone() for name, p in model.named_parameters()}
+
+
+def _no_sync(rank: int, acc: Any) -> dict[str, Any]:
+    """Two micro-batches of this rank's half: the first under ``no_sync(enabled=True)``
+    (gradients kept on the rank), the last under ``no_sync(enabled=False)`` (synced)."""
+    model = acc.model_to_device(reference_layer())
+    optimizer = sgd_for(model)
+    wrapped = adist.wrap_data_parallel(model)
+    inputs, targets = reference_inputs()
+    micro = list(zip(inputs.chunk(2)[rank].chunk(2), targets.chunk(2)[rank].chunk(2), strict=True))
+    found: dict[str, Any] = {}
+    for index, (x, y) in enumerate(micro):
+        with acc.no_sync(wrapped, enabled=index < len(micro) - 1):
+            x, y = acc.batch_to_device((x, y))
+            loss = squared_error(wrapped(x), y) * WORLD_SIZE  # as in _ddp_step
+            loss.backward()  # type: ignore[no-untyped-call]
+        found["unsynced" if index == 0 else "synced"] = _grads(model)
+    acc.optimizer_step(optimizer)
+    found["model"] = cpu_copy(model)
+    return found
+
+
 def _worker(rank: int, name: str, port: int, workdir: str) -> None:
     """One rank: start the group through accel, run every task, store what each found
     (its tensors, or the error's last line) for the parent."""
@@ -82,7 +106,7 @@ def _worker(rank: int, name: str, port: int, workdir: str) -> None:
     try:
         context = adist.init_process_group(name, timeout=TIMEOUT_S)
         try:
-            for task, check in zip(TASKS, (_all_reduce, _ddp_step), strict=True):
+            for task, check in zip(TASKS, (_all_reduce, _ddp_step, _no_sync), strict=True):
                 try:
                     results[task] = check(rank, context.accelerator)
                 except Exception as exc:
@@ -180,7 +204,43 @@ def ddp_step(subject: Subject) -> None:
         assert_close(result, expected, f"rank {rank} after the DDP step")
 
 
-PROMISES = (all_reduce, ddp_step)
+def _cpu_grads(inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    model = reference_layer()
+    (squared_error(model(inputs), targets) * WORLD_SIZE).backward()  # type: ignore[no-untyped-call]
+    return _grads(model)
+
+
+def _grads_text(grads: dict[str, torch.Tensor]) -> str:
+    return ", ".join(f"{name} {tensor.flatten()[:2].tolist()}" for name, tensor in grads.items())
+
+
+@promise(
+    "distributed.no_sync",
+    "under no_sync(enabled=True) backward keeps each rank's gradients; enabled=False "
+    "syncs them, and the accumulated step equals one process's",
+    needs=("distributed", "forward"),
+)
+def no_sync(subject: Subject) -> None:
+    inputs, targets = reference_inputs()
+    whole = {name: g / WORLD_SIZE for name, g in _cpu_grads(inputs, targets).items()}
+    for rank, result in enumerate(_results(subject, "no_sync")):
+        first = inputs.chunk(2)[rank].chunk(2)[0], targets.chunk(2)[rank].chunk(2)[0]
+        own = _cpu_grads(*first)
+        got = result["unsynced"]
+        assert all(torch.allclose(got[k], v, rtol=1e-4, atol=1e-5) for k, v in own.items()), (
+            f"rank {rank}: under no_sync(enabled=True) the gradients were reduced across "
+            f"the ranks ({_grads_text(got)}; its own: {_grads_text(own)})"
+        )
+        got = result["synced"]
+        assert all(torch.allclose(got[k], v, rtol=1e-4, atol=1e-5) for k, v in whole.items()), (
+            f"rank {rank}: after the micro-step under no_sync(enabled=False) the gradients "
+            f"are {_grads_text(got)}, not the synced {_grads_text(whole)} (the sync was "
+            "skipped?)"
+        )
+        assert_close(result["model"], cpu_reference_step(inputs, targets), f"rank {rank}")
+
+
+PROMISES = (all_reduce, ddp_step, no_sync)
 
 
 if __name__ == "__main__":  # one worker: RANK NAME PORT WORKDIR

@@ -1,8 +1,14 @@
-"""Promises of the generators: manual_seed, rng_state and set_rng_state."""
+"""Promises of the generators: manual_seed, rng_state and set_rng_state.
+
+Besides draws, the checks read the ``"device"`` entry of ``acc.rng_state()``: on a
+device whose tensors draw from the host generator, a device generator that is never
+seeded or put back shows only there.
+"""
 
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import torch
 
@@ -45,12 +51,69 @@ def manual_seed_device(subject: Subject) -> None:
     assert _device_draws(subject) != first, "another seed gave the same draws on the device"
 
 
+def _same(got: Any, expected: Any) -> bool:
+    """Two generator states are equal: the same containers, numbers and tensors."""
+    if isinstance(expected, torch.Tensor):
+        return isinstance(got, torch.Tensor) and torch.equal(got.to("cpu"), expected.to("cpu"))
+    if isinstance(expected, dict):
+        return (
+            isinstance(got, dict)
+            and sorted(got) == sorted(expected)
+            and all(_same(got[key], expected[key]) for key in expected)
+        )
+    if isinstance(expected, (list, tuple)):
+        return (
+            isinstance(got, (list, tuple))
+            and len(got) == len(expected)
+            and all(_same(a, b) for a, b in zip(got, expected, strict=True))
+        )
+    return bool(got == expected)
+
+
+def _holds_state(state: Any) -> bool:
+    """The device entry keeps a generator (a tensor or a number somewhere in it); an
+    entry without one (``{"type": "opencl", "states": []}``) has nothing to seed."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() > 0
+    if isinstance(state, dict):
+        return any(_holds_state(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return any(_holds_state(value) for value in state)
+    return isinstance(state, (int, float)) and not isinstance(state, bool)
+
+
+@promise(
+    "generators.manual_seed_device_state",
+    "manual_seed seeds the device generators: the same seed leaves rng_state()'s "
+    '"device" entry the same, another seed changes it',
+)
+def manual_seed_device_state(subject: Subject) -> None:
+    acc = subject.accelerator
+    acc.manual_seed(1)
+    one = acc.rng_state()["device"]
+    acc.manual_seed(2)
+    two = acc.rng_state()["device"]
+    acc.manual_seed(1)
+    again = acc.rng_state()["device"]
+    assert _same(again, one), (
+        'manual_seed(1) twice left the device generators in two states (rng_state()["device"])'
+    )
+    if _holds_state(one):
+        assert not _same(two, one), (
+            'manual_seed(1) and manual_seed(2) left rng_state()["device"] the same: '
+            "manual_seed does not seed the device generators"
+        )
+
+
 def _round_trip(subject: Subject, *, through_file: bool) -> None:
     acc = subject.accelerator
     has_random = subject.limits.random is None
     acc.manual_seed(99)
     state = acc.rng_state()
     first = (_host_draws(), _device_draws(subject) if has_random else None)
+    # Every generator elsewhere, the device's too (on a device whose tensors draw from
+    # the host's, draws alone would not move it): set_rng_state must bring each back.
+    acc.manual_seed(7)
     if through_file:
         buffer = io.BytesIO()
         torch.save(state, buffer)
@@ -63,14 +126,20 @@ def _round_trip(subject: Subject, *, through_file: bool) -> None:
                 f"{str(exc).splitlines()[0] if str(exc) else ''}"
             ) from exc
     acc.set_rng_state(state)
+    restored = acc.rng_state()["device"]
     second = (_host_draws(), _device_draws(subject) if has_random else None)
     assert second[0] == first[0], "after set_rng_state the host's draws differ"
     assert second[1] == first[1], "after set_rng_state the device's draws differ"
+    assert _same(restored, state["device"]), (
+        'after set_rng_state, rng_state()["device"] is not the state given: set_rng_state '
+        "does not put the device generators back"
+    )
 
 
 @promise(
     "generators.rng_state_round_trip",
-    "set_rng_state(rng_state()) makes the draws repeat, on the host and the device",
+    "set_rng_state(rng_state()) makes the draws repeat, on the host and the device, and "
+    'puts the "device" entry back',
 )
 def rng_state_round_trip(subject: Subject) -> None:
     _round_trip(subject, through_file=False)
@@ -85,4 +154,10 @@ def rng_state_weights_only(subject: Subject) -> None:
     _round_trip(subject, through_file=True)
 
 
-PROMISES = (manual_seed_host, manual_seed_device, rng_state_round_trip, rng_state_weights_only)
+PROMISES = (
+    manual_seed_host,
+    manual_seed_device,
+    manual_seed_device_state,
+    rng_state_round_trip,
+    rng_state_weights_only,
+)

@@ -1,5 +1,6 @@
-"""Promises of the training step: optimizer_step, clip_grad_norm_, accumulation and
-no_sync, the grad scaler, autocast and compile."""
+"""Promises of the training step: optimizer_step (with and without a closure),
+clip_grad_norm_, accumulation and no_sync, the grad scaler and its options, autocast and
+the dtype it was asked for, and compile."""
 
 from __future__ import annotations
 
@@ -32,6 +33,32 @@ def optimizer_step(subject: Subject) -> None:
     for parameter in model.parameters():
         parameter.grad = torch.ones_like(parameter)  # no forward pass: any device can
     acc.optimizer_step(optimizer)
+    assert_close(cpu_copy(model), {k: v - 0.5 for k, v in before.items()}, "after one step")
+
+
+@promise(
+    "step.optimizer_step_closure",
+    "optimizer_step(optimizer, closure) steps with the closure and returns the loss it returned",
+)
+def optimizer_step_closure(subject: Subject) -> None:
+    acc = subject.accelerator
+    model = acc.model_to_device(reference_layer())
+    optimizer = sgd_for(model)
+    before = cpu_copy(model)
+    calls: list[int] = []
+
+    def closure() -> torch.Tensor:
+        calls.append(1)
+        for parameter in model.parameters():
+            parameter.grad = torch.ones_like(parameter)  # no forward pass: any device can
+        return torch.tensor(5.0)
+
+    result = acc.optimizer_step(optimizer, closure)
+    assert calls, "optimizer_step(optimizer, closure) never called the closure"
+    returned = float(result) if isinstance(result, torch.Tensor) else result
+    assert returned == 5.0, (
+        f"optimizer_step(optimizer, closure) returned {result!r}, not the closure's loss 5.0"
+    )
     assert_close(cpu_copy(model), {k: v - 0.5 for k, v in before.items()}, "after one step")
 
 
@@ -103,6 +130,27 @@ def grad_scaler(subject: Subject) -> None:
 
 
 @promise(
+    "step.grad_scaler_options",
+    "grad_scaler(float16, **options) builds the scaler with the options passed "
+    "(init_scale, growth_interval)",
+    needs=("autocast",),
+)
+def grad_scaler_options(subject: Subject) -> None:
+    try:
+        scaler = subject.accelerator.grad_scaler(
+            torch.float16, init_scale=1024.0, growth_interval=7
+        )
+    except ValueError:  # the autocast hook's refusal, as the hook must refuse
+        return  # no float16 on this device: nothing to scale, as the error says
+    assert scaler is not None, "float16 was given no grad scaler"
+    scale, interval = scaler.get_scale(), scaler.get_growth_interval()
+    assert (scale, interval) == (1024.0, 7), (
+        f"grad_scaler(float16, init_scale=1024.0, growth_interval=7) gave a scaler with "
+        f"scale {scale} and growth interval {interval}: the options were not passed on"
+    )
+
+
+@promise(
     "step.autocast",
     "autocast runs its block in a lower precision than float32, and enabled=False in full "
     "precision",
@@ -119,6 +167,26 @@ def autocast(subject: Subject) -> None:
     assert fast.dtype in (torch.bfloat16, torch.float16), f"autocast computed in {fast.dtype}"
     assert full.dtype == torch.float32, f"autocast(enabled=False) computed in {full.dtype}"
     assert model(x).dtype == torch.float32, "autocast leaked out of its block"
+
+
+@promise(
+    "step.autocast_dtype",
+    "autocast(dtype=...) computes in the dtype asked for (float16, bfloat16), or refuses "
+    "it with a ValueError; dtype=float32 is full precision",
+    needs=("forward", "autocast"),
+)
+def autocast_dtype(subject: Subject) -> None:
+    acc = subject.accelerator
+    model = acc.model_to_device(reference_layer())
+    (x,) = acc.batch_to_device((reference_inputs()[0],))
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        try:
+            context = acc.autocast(dtype=dtype)
+        except ValueError:
+            continue  # the device cannot autocast to it, and says so as the hook must
+        with context:
+            got = model(x).dtype
+        assert got == dtype, f"autocast(dtype={dtype}) computed in {got}"
 
 
 @promise(
@@ -144,9 +212,12 @@ def compile_model(subject: Subject) -> None:
 
 PROMISES = (
     optimizer_step,
+    optimizer_step_closure,
     clip_grad_norm,
     accumulation_and_no_sync,
     grad_scaler,
+    grad_scaler_options,
     autocast,
+    autocast_dtype,
     compile_model,
 )
