@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -18,8 +19,18 @@ def test_every_capability_is_a_field_and_some_promise_needs_it() -> None:
 
 
 def test_a_misspelt_capability_is_refused_when_the_declaration_is_built() -> None:
-    with pytest.raises(TypeError, match="unexpected keyword argument 'matmul'"):
+    with pytest.raises(accel.AcceleratorTypeError) as caught:
+        Limits(foward="no kernels yet")  # type: ignore[call-arg]
+    message = str(caught.value)
+    assert "Limits() got an unknown capability 'foward'" in message
+    assert "Did you mean 'forward'?" in message
+    assert "The capabilities: forward, reductions, random" in message
+    # Still the TypeError Python raises for an unknown keyword, and far from every name.
+    with pytest.raises(TypeError, match=r"unknown capability 'matmul'\. The capabilities"):
         Limits(matmul="no kernel")  # type: ignore[call-arg]
+    with pytest.raises(accel.AcceleratorTypeError, match=r"unknown capability 'randm'"):
+        dataclasses.replace(Limits(), randm="no generator")  # type: ignore[call-arg]
+    assert Limits("no kernels").forward == "no kernels"  # positional still works
 
 
 def test_a_limit_needs_a_reason() -> None:

@@ -8,9 +8,13 @@ built rather than a promise that silently keeps running.
 
 from __future__ import annotations
 
+import functools
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
+from accel._util.names import closest_name
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
 __all__ = ["CAPABILITIES", "Limits", "load_limits"]
@@ -71,7 +75,8 @@ class Limits:
         """Why the device cannot do ``capability``; ``None`` when it can."""
         if capability not in CAPABILITIES:
             raise AcceleratorValueError(
-                f"no capability is called {capability!r}; known: {', '.join(CAPABILITIES)}"
+                f"no capability is called {capability!r};{_did_you_mean(capability)} "
+                f"known: {', '.join(CAPABILITIES)}"
             )
         reason: str | None = getattr(self, capability)
         return reason
@@ -83,6 +88,34 @@ class Limits:
             for field in fields(self)
             if getattr(self, field.name) is not None
         }
+
+
+def _did_you_mean(name: str) -> str:
+    close = closest_name(name, CAPABILITIES)
+    return f" Did you mean {close!r}?" if close else ""
+
+
+def _refusing_unknown_capabilities(generated: Callable[..., None]) -> Callable[..., None]:
+    """``Limits.__init__``, saying which capability a misspelt keyword meant."""
+
+    @functools.wraps(generated)
+    def __init__(self: Limits, *args: Any, **reasons: Any) -> None:
+        unknown = next((name for name in reasons if name not in CAPABILITIES), None)
+        if unknown is not None:
+            raise AcceleratorTypeError(
+                f"Limits() got an unknown capability {unknown!r}.{_did_you_mean(unknown)} "
+                f"The capabilities: {', '.join(CAPABILITIES)}; declare each one the device "
+                f"lacks with the reason, e.g. Limits(compile='no inductor backend yet')."
+            )
+        generated(self, *args, **reasons)
+
+    return __init__
+
+
+# The generated __init__ refuses a misspelt capability with a bare TypeError. Replaced
+# after the class is built, so that type checkers still see the generated signature
+# (and flag the misspelling before anything runs).
+Limits.__init__ = _refusing_unknown_capabilities(Limits.__init__)  # type: ignore[method-assign]
 
 
 def load_limits(spec: str) -> Limits:

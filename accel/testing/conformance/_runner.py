@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 import accel
+from accel._util.names import closest_name
 from accel.accelerator import Accelerator
 from accel.errors import AcceleratorValueError
 from accel.testing.conformance._batches import PROMISES as _BATCHES
@@ -79,8 +80,12 @@ def select(names: Iterable[str] | None) -> tuple[Promise, ...]:
     for name in names:
         matches = [p for p in _PROMISES if p.name == name or p.name.startswith(f"{name}.")]
         if not matches:
+            areas = dict.fromkeys(p.name.partition(".")[0] for p in _PROMISES)
+            close = closest_name(name, [*areas, *(p.name for p in _PROMISES)])
+            hint = f" Did you mean {close!r}?" if close else ""
             raise AcceleratorValueError(
-                f"no promise is called {name!r}; the kit's promises: "
+                f"no promise is called {name!r}.{hint} Name a promise or an area "
+                f"({', '.join(areas)}); the kit's promises: "
                 f"{', '.join(p.name for p in _PROMISES)}"
             )
         chosen.extend(p for p in matches if p not in chosen)
@@ -125,11 +130,17 @@ def check_promise(promise: Promise, subject: Subject) -> None:
 
 
 def _why(exc: BaseException) -> str:
+    """One line for a report: the error's first line, then the notes accel added to it
+    ("raised in hook 'synchronize' of plugin 'npu' (torch-npu-accel 1.0)"), which name
+    the plugin at fault where pytest's traceback shows them."""
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else ""
     if isinstance(exc, AssertionError):
-        return text or "a check failed"
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        why = text or "a check failed"
+    else:
+        why = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    notes = [" ".join(str(note).split()) for note in getattr(exc, "__notes__", ())]
+    return "; ".join([why, *(note for note in notes if note)])
 
 
 def run(
