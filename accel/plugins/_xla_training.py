@@ -14,18 +14,20 @@ them. On GPT-2 small that is a quarter of the step's time and a gigabyte of memo
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Generator, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from accel.errors import AcceleratorOSError, AcceleratorRuntimeError, AcceleratorValueError
+from accel.errors import AcceleratorRuntimeError, AcceleratorValueError
 from accel.markers import hookimpl
 from accel.plugins._xla_cut import cut, hold_for_step, release_held
 from accel.plugins._xla_gradients import note_reduced, reduce_for_clipping, reduce_for_step
 from accel.plugins._xla_loader import XlaLoader, chain, watch_model
 from accel.plugins._xla_loader import loop_state as _loop_state
 from accel.training.checkpoint._atomic import atomic_save
+from accel.training.checkpoint._main_process import Word, in_a_job, written_by_main
 from accel.training.device_loader import DeviceLoader
 from accel.training.memory import unknown
 from accel.training.precision import bfloat16_autocast
@@ -175,13 +177,14 @@ class XlaTrainingHooks:
 
     @hookimpl
     def save(self, obj: Any, path: Any) -> bool:
-        import torch_xla.core.xla_model as xm
         import torch_xla.runtime as xr
 
-        if xr.world_size() == 1:
+        if xr.world_size() == 1 or (in_a_job() and _in_a_thread()):
+            # Alone; or the background write of an asynchronous save on rank 0, whose
+            # word accel carries to the other ranks over a gloo group of its own.
             atomic_save(obj, path)
             return True
-        if threading.current_thread() is not threading.main_thread():
+        if _in_a_thread():
             # An asynchronous save: the replicas' word travels as an XLA collective,
             # which a thread beside the training loop's tracing must not run.
             raise AcceleratorRuntimeError(
@@ -190,22 +193,10 @@ class XlaTrainingHooks:
                 f"('tpu')), so that rank 0 writes and the others hear from it over gloo; "
                 f"start one, or save with asynchronous=False"
             )
-        failure: BaseException | None = None
-        if xm.is_master_ordinal(local=False):
-            try:
-                atomic_save(obj, path)
-            except BaseException as exc:  # the others wait for word of it, whatever it is
-                failure = exc
-        # Nobody reads the file before it is complete; nobody returns if it failed.
-        word = b"" if failure is None else f"{type(failure).__name__}: {failure}".encode()
-        outcomes = xm.rendezvous("accel.save", payload=word)
-        if failure is not None:
-            raise failure
-        told = [bytes(outcome).decode() for outcome in outcomes if outcome]
-        if told:
-            raise AcceleratorOSError(
-                f"save: the master ordinal could not write the checkpoint {str(path)!r}: {told[0]}"
-            )
+        import torch_xla.core.xla_model as xm
+
+        main = xm.is_master_ordinal(local=False)
+        written_by_main(lambda: atomic_save(obj, path), path, main=main, tell=_rendezvous)
         return True
 
     @hookimpl
@@ -249,6 +240,21 @@ class _Stepped:
 
     def __init__(self, value: Any) -> None:
         self.value = value
+
+
+def _in_a_thread() -> bool:
+    return threading.current_thread() is not threading.main_thread()
+
+
+def _rendezvous(word: Word) -> Word:
+    """The master ordinal's word for :func:`written_by_main`, over XLA's rendezvous (a
+    replica of ``xmp.spawn`` may have no torch.distributed group)."""
+    import torch_xla.core.xla_model as xm
+
+    payload = b"" if word is None else json.dumps(word).encode()
+    heard = [bytes(told) for told in xm.rendezvous("accel.save", payload=payload)]
+    told = next((json.loads(payload) for payload in heard if payload), None)
+    return None if told is None else (told[0], told[1])
 
 
 def _int_or_none(value: object) -> int | None:

@@ -8,8 +8,9 @@
    everything checked readable by ``weights_only`` loading before anything is written;
 4. every rank's generators gathered into it;
 5. on XLA, the pending graph run, so that tensors cross to the host as data;
-6. the write: here (the ``save`` hook), or in a background thread after a snapshot
-   of every tensor (the only thing the loop waits for).
+6. the write, through the ``save`` hook in both modes: here, or in a background
+   thread after a snapshot of every tensor (the only thing the loop waits for), on
+   the process that writes (:mod:`._main_process` tells the others).
 
 The modes differ only in step 6, and in where step 3 copies a module's tensors to the
 CPU: a synchronous save through ``acc.state_dict``; an asynchronous one leaves them
@@ -18,7 +19,8 @@ where they are, because its snapshot copies every tensor once anyway.
 What a step needs beyond this module has one job each and returns here: the slot of
 the save in flight (:mod:`._async_save`, shared with ``save_sharded``), every rank's
 generators (:mod:`._rank_generators`, shared with ``save_sharded``), the snapshot's copy
-(:mod:`._snapshot`) and the atomic, durable write (:mod:`._atomic`).
+(:mod:`._snapshot`), the atomic, durable write (:mod:`._atomic`) and the main process's
+word to the others (:mod:`._main_process`). ``acc.load`` mirrors it (:mod:`._load`).
 
 ``torch.save`` pickles anything, but ``torch.load(weights_only=True)`` builds only
 tensors, plain values and plain containers: a checkpoint holding a module object saves
@@ -30,7 +32,6 @@ the value is still there.
 from __future__ import annotations
 
 import copy
-import errno as errno_codes
 import os
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
@@ -39,11 +40,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 import torch.serialization
 from torch import nn
 
-from accel.errors import AcceleratorOSError, AcceleratorTypeError
+from accel.errors import AcceleratorTypeError
+from accel.training.checkpoint._arguments import checked_path
 from accel.training.checkpoint._async_save import (
     PendingSave,
     check_asynchronous,
@@ -52,9 +53,14 @@ from accel.training.checkpoint._async_save import (
     start_background,
 )
 from accel.training.checkpoint._atomic import atomic_save
+from accel.training.checkpoint._main_process import (
+    broadcast_from_rank_0,
+    in_a_job,
+    is_main_process,
+    written_by_main,
+)
 from accel.training.checkpoint._rank_generators import gathered_generators
 from accel.training.checkpoint._snapshot import take_snapshot
-from accel.training.checkpoint._state import checked_path
 from accel.training.step import unwrap_compiled
 
 __all__ = ["SaveHooks", "device_state_dict", "save_checkpoint", "storable"]
@@ -221,26 +227,42 @@ def _refusal(path: str, value: Any) -> str:
 
 
 def _write_in_background(stored: Any, target: Path, hooks: SaveHooks) -> PendingSave:
-    """Snapshot ``stored`` and write it in a thread.
+    """Snapshot ``stored`` and write it in a thread: with the ``save`` hook of a plugin
+    (given the CPU snapshot, on the process that writes), or with
+    :func:`~accel.training.checkpoint._atomic.atomic_save`.
 
-    Alone, the write is the ``save`` hook of a plugin (given the CPU snapshot) or
-    :func:`~accel.training.checkpoint._atomic.atomic_save`. In a distributed job rank
-    0 writes with ``atomic_save`` and the other ranks take no snapshot: they wait for
-    rank 0's word, over the gloo group of the saves (never the loop's communicator).
+    In a distributed job rank 0 alone takes the snapshot and writes; every rank hears
+    its word (:func:`~accel.training.checkpoint._main_process.written_by_main`) over
+    the gloo group of the saves, never the loop's communicator.
     """
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        if hooks.answered_by_plugin("save"):  # it may keep what it is given: memory of its own
-            snapshot, _ = take_snapshot(stored)
-            return start_background(target, lambda copy: hooks.save(copy, target), snapshot)
-        snapshot, owned = _snapshot_into_spare(stored)
-        return start_background(target, lambda copy: _write(copy, target, owned), snapshot)
-    group = save_group()
-    if dist.get_rank() != 0:
-        return start_background(target, lambda _: _hear_from_rank_0(target, group), None)
+    if not in_a_job():
+        return start_background(target, *_snapshot_and_writer(stored, target, hooks))
+    main = is_main_process()
+    # The other ranks take no snapshot: they only wait for rank 0's word.
+    write, snapshot = _snapshot_and_writer(stored, target, hooks) if main else (_nothing, None)
+    tell = broadcast_from_rank_0(save_group())
+
+    def write_on_main(payload: Any) -> None:
+        box = [payload]  # the only reference: the snapshot is freed once written
+        del payload
+        written_by_main(lambda: write(box.pop()), target, main=main, tell=tell)
+
+    return start_background(target, write_on_main, snapshot)
+
+
+def _snapshot_and_writer(
+    stored: Any, target: Path, hooks: SaveHooks
+) -> tuple[Callable[[Any], None], Any]:
+    """How the snapshot is written, and the snapshot."""
+    if hooks.answered_by_plugin("save"):  # it may keep what it is given: memory of its own
+        snapshot, _ = take_snapshot(stored)
+        return lambda copy: hooks.save(copy, target), snapshot
     snapshot, owned = _snapshot_into_spare(stored)
-    return start_background(
-        target, lambda copy: _write_on_rank_0(copy, target, group, owned), snapshot
-    )
+    return lambda copy: _write(copy, target, owned), snapshot
+
+
+def _nothing(_: Any) -> None:
+    """What a rank other than 0 writes (written_by_main never calls it there)."""
 
 
 #: The storages of the last snapshot accel wrote itself, free once its write ended:
@@ -261,33 +283,3 @@ def _write(snapshot: Any, target: Path, owned: list[torch.UntypedStorage]) -> No
     finally:
         del snapshot  # nothing else holds the copies: their storages are free again
         _spare = owned
-
-
-def _write_on_rank_0(
-    snapshot: Any, target: Path, group: Any, owned: list[torch.UntypedStorage]
-) -> None:
-    failure: BaseException | None = None
-    try:
-        _write(snapshot, target, owned)
-    except BaseException as exc:  # the others wait for word of it, whatever it is
-        failure = exc
-    del snapshot
-    word: list[Any] = [None]
-    if failure is not None:
-        word = [(getattr(failure, "errno", None), f"{type(failure).__name__}: {failure}")]
-    dist.broadcast_object_list(word, src=0, group=group)  # the file is complete (or not)
-    if failure is not None:
-        raise failure
-
-
-def _hear_from_rank_0(target: Path, group: Any) -> None:
-    word: list[Any] = [None]
-    dist.broadcast_object_list(word, src=0, group=group)
-    if word[0] is not None:
-        code, told = word[0]
-        raise AcceleratorOSError(
-            code if isinstance(code, int) else errno_codes.EIO,
-            f"save: the main process (rank 0) could not write the checkpoint "
-            f"{str(target)!r}: {told}",
-            str(target),
-        )
