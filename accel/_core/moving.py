@@ -1,5 +1,7 @@
-"""Moving a model: the move lock, the hooks in order, tie keeping, the undo on failure
-and the optimizers that follow; :meth:`accel.Accelerator.model_to_device` calls it."""
+"""Moving a model, as one transaction: the move lock, one capture of the model, one
+decision whether the move unties (torch's rule, :mod:`accel._core.untying`), the hooks
+in order, the ties kept on the module the move returned, the optimizers that follow,
+and the undo on failure; :meth:`accel.Accelerator.model_to_device` calls it."""
 
 from __future__ import annotations
 
@@ -11,17 +13,18 @@ from typing import Any, TypeVar
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from accel._core.hooks import AcceleratorHooks
 from accel._core.optimizers import check_optimizers_hold
-from accel._core.transaction import RestorePoint
 from accel._util.notes import add_note
 from accel.errors import AcceleratorTypeError
 from accel.training.step import follow_moved_parameters
-from accel.tying._keeping import begin_kept_move, finish_kept_move, holds_a_tensor_on
+from accel.tying._capture import RestorePoint
+from accel.tying._keeping import KeptMove
 from accel.types import AcceleratorSpec, MoveContext, TieCheck
 
-__all__ = ["move_model"]
+__all__ = ["move_model", "move_unties"]
 
 _Model = TypeVar("_Model", bound=nn.Module)
 
@@ -60,46 +63,85 @@ def _move(
     model: _Model,
     optimizers: list[torch.optim.Optimizer],
 ) -> _Model:
-    restore_point = RestorePoint(model)
+    """The move transaction: one capture, one decision, the hooks in order, the ties
+    finished on the module the move returned, everything undone on failure."""
+    capture = RestorePoint(model)  # the one capture: the undo and the tie groups
     if optimizers:
-        check_optimizers_hold(optimizers, model, restore_point.parameter_ids())
+        check_optimizers_hold(optimizers, model, capture.parameter_ids())
     context = MoveContext(spec.name, device, tie_check)
-    keeps_ties = _move_unties(hooks, spec, device, model)
+    kept: KeptMove | None = None
     try:
         hooks.pre_move_hook(model, device, context)
-        if keeps_ties:  # after every pre_move_hook: each saw the model whole
-            begin_kept_move(model, context)
+        # The declaration only overrides torch's rule; CPU <-> CUDA never gets past it.
+        if spec.unties_weights or move_unties(capture.device_samples(), device):
+            kept = KeptMove(capture.slots())  # after every pre_move_hook: each saw it whole
         moved = hooks.model_to_device(model, device, context)
-        restore_point.mark_moved()
-        if keeps_ties:  # before every post_move_hook: each sees it re-tied
-            finish_kept_move(moved, device, context)
+        capture.mark_moved()
+        if kept is not None:  # before every post_move_hook: each sees it re-tied
+            kept.finish(model, moved, device, context)
         hooks.post_move_hook(moved, device, context)
         if optimizers:
-            follow_moved_parameters(optimizers, restore_point.moved_parameters(), device)
+            follow_moved_parameters(optimizers, capture.moved_parameters(moved), device)
     except BaseException as exc:
-        add_note(exc, _restored_note(device, restore_point.restore()))
+        add_note(exc, _restored_note(device, capture.restore()))
         raise
     return moved  # type: ignore[return-value]
 
 
-def _move_unties(
-    hooks: AcceleratorHooks, spec: AcceleratorSpec, device: torch.device, model: nn.Module
-) -> bool:
-    """Whether the move enters or leaves a device type of an accelerator (of this
-    registry) that declares ``unties_weights``: then accel keeps the ties.
+# -- the decision: torch's own rule ---------------------------------------------------
+#
+# ``Module._apply`` keeps each Parameter object (so each tie) when it swaps tensors
+# (``torch.__future__.get_swap_module_params_on_conversion()``, or a wrapper subclass
+# as the result) or sets ``param.data`` in place, which it does only where
+# ``torch._has_compatible_shallow_copy_type(param, moved)`` and the overwrite flag
+# (``get_overwrite_module_params_on_conversion()``) is off. Otherwise every slot gets a
+# Parameter of its own: XLA, ``meta`` and every PrivateUse1 backend, in both directions.
+# The compatibility is measured once per pair of device types, on an empty tensor, the
+# first time a move between them happens (so on devices the move touches anyway: no
+# device runtime is started for it); the flags are read on every move.
 
-    Torch swaps a tensor's data in place, keeping each Parameter, only between device
-    types that can share a storage implementation (CPU and CUDA); on and off XLA or a
-    PrivateUse1 backend it gives every slot a Parameter of its own, in both directions.
-    The model is walked only once this registry made a handle of an untying
-    accelerator: before that, no move pays more than reading an empty set.
+# (source device type, target device type) -> whether torch keeps Parameters in place.
+_KEEPS: dict[tuple[str, str], bool] = {}
+
+
+def move_unties(samples: dict[str, torch.Tensor], target: torch.device) -> bool:
+    """Whether moving tensors like ``samples`` (one tensor per device type the model
+    holds) to ``target`` gives tied slots Parameters of their own, by torch's rule."""
+    if torch.__future__.get_swap_module_params_on_conversion():
+        return False  # every Parameter keeps its identity through swap_tensors
+    if torch.__future__.get_overwrite_module_params_on_conversion():
+        return bool(samples)  # a new Parameter for every slot, wherever it goes
+    for source, sample in samples.items():
+        # One device type to itself: the same tensor implementation, kept in place.
+        if source != target.type and not _keeps_in_place(source, sample, target):
+            return True
+    return False
+
+
+def _keeps_in_place(source: str, sample: torch.Tensor, target: torch.device) -> bool:
+    key = (source, target.type)
+    keeps = _KEEPS.get(key)
+    if keeps is None:
+        keeps = _KEEPS[key] = _measure(sample, target)
+    return keeps
+
+
+def _measure(sample: torch.Tensor, target: torch.device) -> bool:
+    """torch's decision for an empty tensor like ``sample`` moved to ``target``.
+
+    A device that cannot make or receive a tensor outside its own move (a backend
+    with no kernels for ``.to``) counts as untying: keeping ties that were kept anyway
+    costs time, never correctness.
     """
-    if spec.unties_weights:
-        return True  # declared by the plugin: moves to its device untie
-    untying = hooks.untying.types
-    if not untying:
+    try:
+        with torch.no_grad():
+            probe = sample.detach().new_empty(0)
+            moved = probe.to(target)
+    except Exception:
         return False
-    return device.type in untying or holds_a_tensor_on(model, untying)
+    return is_traceable_wrapper_subclass(moved) or bool(
+        torch._has_compatible_shallow_copy_type(probe, moved)
+    )
 
 
 #: What a restore puts back, for the note on a failed move.

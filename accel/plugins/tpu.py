@@ -9,15 +9,11 @@ Asked for by name, ``tpu`` runs on any configured PJRT device, so
 ``PJRT_DEVICE=CPU`` runs it on XLA:CPU; ``"auto"`` picks it only when the
 runtime's device type really is TPU.
 
-Moving a module to or from an XLA device unties its shared parameters (see
-:mod:`accel.tying`). :class:`TpuPlugin` declares so (``unties_weights=True``), and
-the handle keeps the ties on every move to ``tpu`` (and, once a ``tpu`` handle exists
-in the registry, on every move leaving XLA, as for any untying accelerator); its
-cross-cutting companion :class:`TieGuardPlugin` keeps them on every other
-accelerator's moves that can untie (a model leaving XLA before any ``tpu`` handle, a
-move to ``meta``, torch's overwrite mode), at the cost of two cheap checks on every
-other move. Both run the same code, :mod:`accel.tying._keeping`, and whichever begins
-a move keeps it, once: the guard's ``pre_move_hook`` runs before the handle's check.
+Moving a module to or from an XLA device unties its shared parameters; torch's own
+rule says so (see :mod:`accel._core.untying`), and every such move, to ``tpu`` or
+leaving XLA through another accelerator, keeps the ties of before in the move
+transaction (:mod:`accel.tying._keeping`). :class:`TpuPlugin` also declares
+``unties_weights=True``, which only confirms what the rule measures.
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
-import sys
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,18 +35,12 @@ from accel.plugins._pjrt import (
     runtime_start_failure,
 )
 from accel.plugins._xla_training import XlaTrainingHooks
-from accel.tying._keeping import begin_kept_move, finish_kept_move, holds_a_tensor_on
-from accel.types import AcceleratorSpec, Availability, MoveContext
+from accel.types import AcceleratorSpec, Availability
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
 
 __all__ = ["TieGuardPlugin", "TpuPlugin"]
-
-#: Device types whose tensors cannot take over another device's storage in place:
-#: a move starting or ending on one gives every slot a Parameter of its own.
-UNTYING_DEVICE_TYPES: Final = frozenset({"xla", "meta"})
 
 
 def tpu_hardware_present() -> bool:
@@ -159,7 +148,7 @@ class TpuPlugin(XlaTrainingHooks):
                 aliases=("xla",),
                 priority=200,
                 description="Google TPUs via torch_xla (PJRT)",
-                # accel keeps ties on every move to it (accel/tying/_keeping.py).
+                # torch's rule says so anyway; declared for readers and older accel.
                 unties_weights=True,
             )
         ]
@@ -187,41 +176,14 @@ class TpuPlugin(XlaTrainingHooks):
 
 
 class TieGuardPlugin:
-    """The TPU plugin's cross-cutting companion: keeps ties on other accelerators' moves.
+    """Formerly the TPU plugin's cross-cutting tie guard; it implements no hook now.
 
-    It declares no accelerator, so its hooks see every move. A move through ``cpu``
-    (or any accelerator) of a model on XLA unties exactly like a move to XLA does,
-    and so does a move to ``meta`` or any move in torch's overwrite mode
-    (``torch.__future__.set_overwrite_module_params_on_conversion(True)``). On other
-    moves (CPU <-> CUDA) it returns after :func:`move_can_untie`'s cheap checks.
-    On a move to an accelerator that declares ``unties_weights`` (``tpu``), the
-    handle keeps the ties too; whichever begins first does the work, once.
+    Every move that unties keeps its ties in the move transaction, by torch's own rule
+    (XLA in both directions, ``meta``, torch's overwrite mode, every PrivateUse1
+    backend), so a CPU or GPU move never enters this module. The class stays only
+    while the built-in plugin list (:mod:`accel.plugins`) registers it.
     """
 
-    # trylast / tryfirst: other plugins' hooks see the model whole, before it is
-    # hollowed out for the move and after it is re-tied.
-    @hookimpl(trylast=True)
-    def pre_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
-        if move_can_untie(model, device):
-            begin_kept_move(model, context)
-
-    @hookimpl(tryfirst=True)
-    def post_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
-        finish_kept_move(model, device, context)
-
-
-def move_can_untie(model: nn.Module, device: torch.device) -> bool:
-    """Whether moving ``model`` to ``device`` can give tied slots separate Parameters.
-
-    True when the target is XLA or ``meta``, when torch's overwrite mode is on, or
-    when a tensor of the model is on XLA. The last check walks the model, so it
-    runs only once torch_xla is imported: before that, no tensor can be on XLA.
-    """
-    if device.type in UNTYING_DEVICE_TYPES:
-        return True
-
-    if torch.__future__.get_overwrite_module_params_on_conversion():
-        return True
-    if "torch_xla" not in sys.modules:
-        return False
-    return holds_a_tensor_on(model, UNTYING_DEVICE_TYPES)
+    @hookimpl
+    def register_accelerators(self) -> list[AcceleratorSpec]:
+        return []  # a plugin needs one hook to be registered; this one declares nothing

@@ -23,15 +23,17 @@ dictionaries: linear in the number of slots.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
+from torch import nn
+
 from accel._util.walk import each_module
-from accel.tying._slots import SlotContents
+from accel.tying._capture import Path, SlotContents, qualified_name
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
 
 __all__ = [
     "TieReport",
@@ -87,11 +89,12 @@ def find_tied_parameters(model: nn.Module, *, buffers: bool = True) -> list[Tied
     return _scan(model, buffers)[0]
 
 
-# A module's qualified path as a linked list, (parent path, attribute): building the
-# dotted string is deferred until a slot turns out to be tied.
-_Path = tuple["_Path", str] | None
 # A slot during the scan: (module, attribute, kind, path of the module).
-_Slot = tuple["nn.Module", str, SlotKind, _Path]
+_Slot = tuple["nn.Module", str, SlotKind, Path]
+# What the scan reads of one module: (module, its path, its parameter and buffer slots).
+_Entry = tuple[
+    "nn.Module", Path, "dict[str, torch.Tensor | None]", "dict[str, torch.Tensor | None]"
+]
 
 
 def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
@@ -99,8 +102,35 @@ def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
 
     The walk uses an explicit stack rather than ``named_modules()`` (a recursive
     generator, most of the cost on deep models) and visits modules in the same
-    order, under the same names. Per slot it does one dict operation; qualified
-    names are built only for slots that turn out to be tied.
+    order, under the same names.
+    """
+    entries: list[_Entry] = []
+    visited: set[int] = set()
+    stack: list[tuple[nn.Module, Path]] = [(model, None)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        module, path = pop()
+        if id(module) in visited:
+            continue  # registered twice: keep the first path, as named_modules() does
+        visited.add(id(module))
+        # The instance dict once, rather than three attribute lookups through the
+        # class hierarchy (nn.Module subclasses are deep).
+        registries = module.__dict__
+        entries.append((module, path, registries["_parameters"], registries["_buffers"]))
+        children = registries["_modules"]
+        if children:
+            # Reversed, so the first child is popped first: pre-order, like the recursion.
+            for name, child in reversed(children.items()):
+                if child is not None:
+                    push((child, (path, name)))
+    return _scan_entries(entries, buffers)
+
+
+def _scan_entries(entries: Iterable[_Entry], buffers: bool) -> tuple[list[TiedGroup], int]:
+    """The tied groups and unique parameter count of the modules' slots in ``entries``.
+
+    Per slot it does one dict operation; qualified names are built only for slots
+    that turn out to be tied.
     """
     # tensor id -> its one slot; once seen in a second slot, the list of its slots.
     # The list replaces the slot under the same key, so the groups keep the order in
@@ -111,18 +141,7 @@ def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
     parameter_count = 0
     # Parameters first seen in a buffer slot: rare, but they still count once.
     counted_late: set[int] = set()
-    visited: set[int] = set()
-    stack: list[tuple[nn.Module, _Path]] = [(model, None)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        module, path = pop()
-        if id(module) in visited:
-            continue  # registered twice: keep the first path, as named_modules() does
-        visited.add(id(module))
-        # The instance dict once, rather than three attribute lookups through the
-        # class hierarchy (nn.Module subclasses are deep).
-        registries = module.__dict__
-        parameters = registries["_parameters"]
+    for module, path, parameters, module_buffers in entries:
         if parameters:
             for name, tensor in parameters.items():
                 if tensor is not None:
@@ -141,29 +160,21 @@ def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
                             parameter_count += 1
                         slots_by_tensor[id(tensor)] = [seen, slot]  # type: ignore[list-item]
                         tied = True
-        if buffers:
-            module_buffers = registries["_buffers"]
-            if module_buffers:
-                for name, buffer in module_buffers.items():
-                    if buffer is not None:
-                        slot = (module, name, "buffer", path)
-                        seen = remember(id(buffer), slot)
-                        if seen is not slot:
-                            if type(seen) is list:
-                                seen.append(slot)
-                            else:
-                                slots_by_tensor[id(buffer)] = [seen, slot]  # type: ignore[list-item]
-                                tied = True
-        children = registries["_modules"]
-        if children:
-            # Reversed, so the first child is popped first: pre-order, like the recursion.
-            for name, child in reversed(children.items()):
-                if child is not None:
-                    push((child, (path, name)))
+        if buffers and module_buffers:
+            for name, buffer in module_buffers.items():
+                if buffer is not None:
+                    slot = (module, name, "buffer", path)
+                    seen = remember(id(buffer), slot)
+                    if seen is not slot:
+                        if type(seen) is list:
+                            seen.append(slot)
+                        else:
+                            slots_by_tensor[id(buffer)] = [seen, slot]  # type: ignore[list-item]
+                            tied = True
     groups = [
         TiedGroup(
             "parameter" if any(slot[2] == "parameter" for slot in slots) else "buffer",
-            tuple(_qualified_name(path, name) for _, name, _, path in slots),
+            tuple(qualified_name(path, name) for _, name, _, path in slots),
             tuple((module, name, kind) for module, name, kind, _ in slots),
         )
         for slots in (slots_by_tensor.values() if tied else ())
@@ -171,14 +182,6 @@ def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
     ]
     groups.sort(key=lambda group: group.kind != "parameter")
     return groups, parameter_count
-
-
-def _qualified_name(path: _Path, name: str) -> str:
-    parts = [name]
-    while path is not None:
-        path, attribute = path
-        parts.append(attribute)
-    return ".".join(reversed(parts))
 
 
 def retie(groups: list[TiedGroup]) -> None:
@@ -256,6 +259,43 @@ class TyingSnapshot:
     def capture(cls, model: nn.Module) -> TyingSnapshot:
         groups, parameter_count = _scan(model, buffers=True)
         return cls(tuple(groups), parameter_count)
+
+    @classmethod
+    def _of_slots(cls, slots: SlotContents) -> TyingSnapshot:
+        """The snapshot of the model whose slots ``slots`` captured (no second walk)."""
+        entries = [
+            (module, path, parameters, buffers)
+            for (module, parameters, buffers, _), path in zip(
+                slots.modules(), slots.paths(), strict=True
+            )
+        ]
+        groups, parameter_count = _scan_entries(entries, buffers=True)
+        return cls(tuple(groups), parameter_count)
+
+    def rebased(self, model: nn.Module) -> TyingSnapshot:
+        """The snapshot's groups pointing at the slots of ``model``, a module that
+        replaced the captured one (a copy, or a wrapper around its modules).
+
+        A slot's module that ``model`` holds itself stays; another is looked up by its
+        qualified name in ``model``. A slot found in neither way holds nothing, so its
+        group reports broken.
+        """
+        now = SlotContents(model)
+        held = {id(module) for module, _, _, _ in now.modules()}
+        by_path = {
+            qualified_name(path, "")[:-1]: module
+            for (module, _, _, _), path in zip(now.modules(), now.paths(), strict=True)
+        }
+        missing = nn.Module()  # no slots: what a slot the replacement lacks holds
+        groups = []
+        for group in self.groups:
+            slots = []
+            for (module, name, kind), qualified in zip(group.slots, group.names, strict=True):
+                if id(module) not in held:
+                    module = by_path.get(qualified.rpartition(".")[0], missing)
+                slots.append((module, name, kind))
+            groups.append(replace(group, slots=tuple(slots)))
+        return replace(self, groups=tuple(groups))
 
     def retie(self) -> None:
         """Re-tie every remembered group (see :func:`retie`)."""

@@ -1,106 +1,103 @@
-"""Tie keeping: the work around a move that unties, written once.
+"""Tie keeping: the work around a move that unties, written once for every device.
 
-Applied by the handle on every move that enters or leaves the device type of an
-accelerator whose spec declares ``unties_weights=True`` (the built-in ``tpu`` does,
-and so does every PrivateUse1 backend's plugin that says so), and by the TPU
-plugin's cross-cutting tie guard on other moves that untie (a model leaving XLA, a
-move to ``meta``, torch's overwrite mode). Whichever begins a move first keeps it,
-once: the snapshot lives in the move's ``context.notes``.
-
-The tying logic itself is :mod:`accel.tying` (no plugin machinery); this module adds
-what a move needs around it: hollowing out the duplicate slots, and the outcome by
-``tie_check``.
+The move transaction (:mod:`accel._core.moving`) runs it on every move that torch's
+rule says unties (:mod:`accel._core.untying`): to or from XLA, ``meta`` or any
+PrivateUse1 backend. The tying logic itself is :mod:`accel.tying` (no plugin
+machinery); this module adds what a move needs around it: hollowing out the
+duplicate slots, finishing the ties on the module the move returned, and the
+outcome by ``tie_check``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final, Literal
 
 import torch
 from torch import nn
 
-from accel._util.walk import each_module
 from accel._util.warn import warn_at_caller
 from accel.errors import TyingWarning, WeightTyingError
 from accel.tying import TieReport, TyingSnapshot, empty_duplicate_slots, format_tie_failure
-from accel.tying._slots import SlotContents
 
 if TYPE_CHECKING:
+    from accel.tying._capture import SlotContents
     from accel.types import MoveContext, TieCheck
 
-__all__ = [
-    "MOVED_BY_NOTE",
-    "begin_kept_move",
-    "finish_kept_move",
-    "holds_a_tensor_on",
-    "outcome",
-]
+__all__ = ["MOVED_BY_NOTE", "KeptMove", "outcome"]
 
-_NOTES_KEY: Final = "accel.tie_keeping"
 #: The key in a move's ``context.notes`` under which the hook caller names who
 #: answered ``model_to_device``, so that a tying error can name that plugin.
 MOVED_BY_NOTE: Final = "accel.moved_by"
 
 
-def holds_a_tensor_on(model: nn.Module, device_types: Collection[str]) -> bool:
-    """Whether a parameter or buffer of ``model`` is on one of ``device_types`` (a walk
-    of the model: callers ask only when such a device type is in use)."""
-    return any(
-        tensor is not None and tensor.device.type in device_types
-        for module in each_module(model)
-        for slots in (module._parameters, module._buffers)
-        for tensor in slots.values()
-    )
+class KeptMove:
+    """The ties of one move that unties: remembered from the move's capture, then
+    kept on the module the move returns."""
 
+    __slots__ = ("_before", "_snapshot")
 
-def begin_kept_move(model: nn.Module, context: MoveContext) -> None:
-    """Before the move: remember the ties, then hollow out the duplicate slots.
+    def __init__(self, before: SlotContents) -> None:
+        """Before the move (after every ``pre_move_hook``): the tie groups, derived from
+        ``before``, the move's one capture; then the duplicate slots hollowed out.
 
-    Does nothing if this move is already kept (the guard and the handle both see
-    ``tpu`` moves).
-    """
-    if _NOTES_KEY in context.notes:
-        return
-    snapshot = TyingSnapshot.capture(model)
-    # References to every slot's tensor (no copies), to take a tie apart that a
-    # plugin's move makes (see _separate_appeared).
-    context.notes[_NOTES_KEY] = (snapshot, SlotContents(model))
-    # Each shared tensor then crosses to the device once, not once per slot: on a
-    # GPT-2-sized model that is the difference between matching a bare move and
-    # copying the embedding twice. A failed move restores the slots.
-    empty_duplicate_slots(list(snapshot.groups))
+        Each shared tensor then crosses to the device once, not once per slot: on a
+        GPT-2-sized model that is the difference between matching a bare move and
+        copying the embedding twice. A failed move restores the slots.
+        """
+        self._before = before
+        self._snapshot = TyingSnapshot._of_slots(before)
+        empty_duplicate_slots(list(self._snapshot.groups))
 
+    def finish(
+        self, model: nn.Module, moved: nn.Module, device: torch.device, context: MoveContext
+    ) -> None:
+        """After the move: re-tie ``moved`` (``model`` itself, or the module a plugin
+        returned in its place), run its ``tie_weights()``, keep the ties of before, and
+        report by ``context.tie_check`` (see :func:`outcome`). A :class:`TyingWarning`
+        points at the user's line, however deep the call.
+        """
+        snapshot = self._snapshot
+        if moved is not model:
+            snapshot = snapshot.rebased(moved)
+            self._refill_left_behind(moved)
+        report = snapshot.finish_move(moved)
+        what = outcome(report, context.tie_check)
+        if what != "error" and not report.kept_as_before:
+            # The move goes ahead: with the ties of before, whatever made the new ones (a
+            # plugin's move tying slots re-tying cannot separate), and with their values.
+            kept = _separate_appeared(moved, snapshot, self._before)
+            report = replace(report, kept_as_before=kept)
+        if what == "ok":
+            return
+        if what == "warn":
+            message = _blaming(format_tie_failure(report, device, raised=False), report, context)
+            warn_at_caller(message, TyingWarning)
+            return
+        raise WeightTyingError(
+            _blaming(format_tie_failure(report, device), report, context),
+            count_before=report.count_before,
+            count_after=report.count_after,
+            broken_groups=[group.names for group in report.broken],
+            appeared_groups=[group.names for group in report.appeared],
+        )
 
-def finish_kept_move(model: nn.Module, device: torch.device, context: MoveContext) -> None:
-    """After the move: re-tie, run the model's ``tie_weights()``, keep the ties the
-    model had before the move, and report by ``context.tie_check`` (see :func:`outcome`).
-    A :class:`TyingWarning` points at the user's line, however deep the call.
-    """
-    kept: tuple[TyingSnapshot, SlotContents] | None = context.notes.pop(_NOTES_KEY, None)
-    if kept is None:
-        return  # not a kept move, or already finished
-    snapshot, before = kept
-    report = snapshot.finish_move(model)
-    what = outcome(report, context.tie_check)
-    if what != "error" and not report.kept_as_before:
-        # The move goes ahead: with the ties of before, whatever made the new ones (a
-        # plugin's move tying slots re-tying cannot separate), and with their values.
-        report = replace(report, kept_as_before=_separate_appeared(model, snapshot, before))
-    if what == "ok":
-        return
-    if what == "warn":
-        message = _blaming(format_tie_failure(report, device, raised=False), report, context)
-        warn_at_caller(message, TyingWarning)
-        return
-    raise WeightTyingError(
-        _blaming(format_tie_failure(report, device), report, context),
-        count_before=report.count_before,
-        count_after=report.count_after,
-        broken_groups=[group.names for group in report.broken],
-        appeared_groups=[group.names for group in report.appeared],
-    )
+    def _refill_left_behind(self, moved: nn.Module) -> None:
+        """Give the slots hollowed out for the move back their tensors, in the modules
+        of the captured model that ``moved`` (its replacement) does not hold: the model
+        the caller passed stays as it was."""
+        held = {id(module) for module in moved.modules()}
+        before = {
+            id(module): (parameters, buffers)
+            for module, parameters, buffers, _ in self._before.modules()
+        }
+        for group in self._snapshot.groups:
+            for module, name, kind in group.slots:
+                if id(module) not in held:
+                    parameters, buffers = before[id(module)]
+                    saved = parameters if kind == "parameter" else buffers
+                    live = module._parameters if kind == "parameter" else module._buffers
+                    live[name] = saved[name]  # type: ignore[assignment]
 
 
 def _blaming(message: str, report: TieReport, context: MoveContext) -> str:

@@ -1,5 +1,5 @@
-"""Ties kept both ways on every untying device: a move that enters or leaves the device
-type of an accelerator declaring ``unties_weights`` keeps the structure of before.
+"""Ties kept both ways on every untying device: a move that enters or leaves a device
+type torch's rule says unties keeps the structure of before, declared or not.
 
 The fake device (tests/helpers/untying_device.py) unties as every PrivateUse1 backend
 does: torch's ``Module.to`` gives each slot a Parameter of its own, to it and from it.
@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 import accel
-import accel._core.moving as moving
 from helpers.models import TiedLM
 from helpers.registries import isolated_registry
 from helpers.untying_device import UntyingDevicePlugin, values
@@ -88,36 +87,27 @@ def test_a_failed_move_back_leaves_the_model_on_the_device_tied() -> None:
     assert tied.device.type == "privateuseone"
 
 
-def _count_walks(monkeypatch: pytest.MonkeyPatch) -> list[frozenset[str]]:
-    walks: list[frozenset[str]] = []
-    real = moving.holds_a_tensor_on
+class _UndeclaredDevicePlugin(UntyingDevicePlugin):
+    """The same device, its plugin declaring nothing about ties."""
 
-    def recording(model: nn.Module, device_types: frozenset[str]) -> bool:
-        walks.append(frozenset(device_types))
-        return real(model, device_types)
-
-    monkeypatch.setattr(moving, "holds_a_tensor_on", recording)
-    return walks
+    def __init__(self) -> None:
+        super().__init__()
+        self.spec = accel.AcceleratorSpec("untying")
 
 
-def test_cpu_moves_walk_nothing_until_an_untying_handle_exists(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    walks = _count_walks(monkeypatch)
-    registry = isolated_registry(UntyingDevicePlugin())
-    cpu = registry.get_accelerator("cpu")
-    cpu.model_to_device(TiedLM())
-    assert walks == []  # registered, never selected: its device type is not known yet
-    registry.get_accelerator("untying")
-    cpu.model_to_device(TiedLM())
-    assert walks == [frozenset({"privateuseone"})]
+def test_an_undeclared_untying_device_keeps_the_ties_both_ways() -> None:
+    registry = isolated_registry(_UndeclaredDevicePlugin())
+    assert registry.get_accelerator("untying").spec.unties_weights is False
+    model = registry.get_accelerator("untying").model_to_device(TiedLM())
+    assert model.head.weight is model.embed.weight and _unique(model) == 3
+    back = registry.get_accelerator("cpu").model_to_device(model)
+    assert back.embed.weight.device.type == "cpu"
+    assert back.head.weight is back.embed.weight and _unique(back) == 3
 
 
-def test_another_registrys_untying_device_changes_nothing_here(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    walks = _count_walks(monkeypatch)
-    isolated_registry(UntyingDevicePlugin()).get_accelerator("untying")
-    other = isolated_registry(UntyingDevicePlugin())
-    other.get_accelerator("cpu").model_to_device(TiedLM())
-    assert walks == []
+def test_a_model_leaving_the_device_keeps_its_ties_in_a_registry_that_never_selected_it() -> None:
+    on_device = isolated_registry(UntyingDevicePlugin()).get_accelerator("untying")
+    model = on_device.model_to_device(TiedLM())
+    other = isolated_registry()  # no plugin of that device, no handle of it
+    back = other.get_accelerator("cpu").model_to_device(model)
+    assert back.head.weight is back.embed.weight and _unique(back) == 3

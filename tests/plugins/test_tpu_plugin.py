@@ -1,12 +1,12 @@
-"""The TPU plugin (accel.plugins.tpu): the accelerator on torch_xla, and when its tie
-guard runs. The ties its moves keep are tested in tests/plugins/test_tpu_moves.py.
+"""The TPU plugin (accel.plugins.tpu): the accelerator on torch_xla, and which moves
+keep ties (torch's rule, never the TPU plugin's code on other moves). The ties its
+moves keep are tested in tests/plugins/test_tpu_moves.py.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import types
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -14,9 +14,9 @@ from torch import nn
 
 import accel
 from accel import tying
-from accel.plugins import tpu as tpu_plugin
-from accel.plugins.tpu import move_can_untie
+from accel._core.moving import move_unties
 from accel.tying import count_unique_parameters
+from accel.tying._capture import SlotContents
 from helpers.fakes import CpuTpuPlugin, FakeAccelerator
 from helpers.models import TiedLM
 from helpers.processes import run_python
@@ -32,79 +32,70 @@ def _values(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: value.detach().cpu().clone() for name, value in model.state_dict().items()}
 
 
-# -- when the guard runs, and when it does not -------------------------------------------
+# -- which moves keep ties: torch's own rule, never the TPU plugin's code ----------------
 
 
-def _without_torch_xla(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "torch_xla", raising=False)
+def _samples(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {p.device.type: p for p in model.parameters()}
 
 
-def _with_fake_torch_xla(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torch_xla", types.ModuleType("torch_xla"))
-
-
-def test_move_can_untie_by_target_mode_and_source(monkeypatch: pytest.MonkeyPatch) -> None:
-    _without_torch_xla(monkeypatch)
-    cpu_model, cpu = TiedLM(), torch.device("cpu")
-    assert move_can_untie(cpu_model, torch.device("xla", 0))
-    assert move_can_untie(cpu_model, torch.device("meta"))
-    assert not move_can_untie(cpu_model, cpu)
-    meta_model = TiedLM().to("meta")
-    # Without torch_xla no tensor can be on XLA: the model is not even looked at.
-    assert not move_can_untie(meta_model, cpu)
-    _with_fake_torch_xla(monkeypatch)
-    assert move_can_untie(meta_model, cpu)  # a model leaving a device that unties
-    assert not move_can_untie(cpu_model, cpu)
-    before = torch.__future__.get_overwrite_module_params_on_conversion()
-    torch.__future__.set_overwrite_module_params_on_conversion(True)
+@pytest.fixture
+def swap_mode() -> Iterator[None]:
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
     try:
-        assert move_can_untie(cpu_model, cpu)
+        yield
     finally:
-        torch.__future__.set_overwrite_module_params_on_conversion(before)
+        torch.__future__.set_swap_module_params_on_conversion(before)
 
 
-@pytest.mark.parametrize("torch_xla_imported", [False, True])
-def test_a_cpu_move_never_runs_the_tying_code(
-    registry: accel.AcceleratorRegistry,
-    monkeypatch: pytest.MonkeyPatch,
-    torch_xla_imported: bool,
-) -> None:
-    if torch_xla_imported:
-        _with_fake_torch_xla(monkeypatch)
-    else:
-        _without_torch_xla(monkeypatch)
-    walks: list[str] = []
-    original_walk = tpu_plugin.holds_a_tensor_on
-    monkeypatch.setattr(
-        tpu_plugin,
-        "holds_a_tensor_on",
-        lambda *a: (walks.append("walk"), original_walk(*a))[1],
-    )
-    captures: list[str] = []
-    original_scan = tying._scan
-    monkeypatch.setattr(tying, "_scan", lambda *a: (captures.append("scan"), original_scan(*a))[1])
-    moved = registry.get_accelerator("cpu").model_to_device(TiedLM())
-    assert captures == []
-    # With torch_xla imported the guard looks at the devices (a model could be on
-    # XLA); without it, it does not even do that.
-    assert walks == (["walk"] if torch_xla_imported else [])
+def test_torch_rule_says_which_moves_untie() -> None:
+    cpu_model, meta_model = TiedLM(), TiedLM().to("meta")
+    assert not move_unties(_samples(cpu_model), torch.device("cpu"))
+    assert move_unties(_samples(cpu_model), torch.device("meta"))
+    assert move_unties(_samples(meta_model), torch.device("cpu"))  # leaving unties too
+    assert not move_unties(_samples(meta_model), torch.device("meta"))
+
+
+def test_overwrite_mode_unties_every_move(overwrite_mode: None) -> None:
+    assert move_unties(_samples(TiedLM()), torch.device("cpu"))
+
+
+def test_swap_mode_keeps_every_parameter(swap_mode: None) -> None:
+    assert not move_unties(_samples(TiedLM()), torch.device("meta"))
+    moved = TiedLM().to("meta")  # torch agrees: swap_tensors keeps each Parameter
     assert moved.head.weight is moved.embed.weight
 
 
-def test_a_tpu_move_is_guarded_once_by_the_plugin_and_its_companion(
+def test_a_cpu_move_never_runs_the_tying_code(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scans: list[str] = []
+    original_scan = tying._scan_entries
+    monkeypatch.setattr(
+        tying, "_scan_entries", lambda *a: (scans.append("scan"), original_scan(*a))[1]
+    )
+    moved = registry.get_accelerator("cpu").model_to_device(TiedLM())
+    assert scans == []
+    assert moved.head.weight is moved.embed.weight
+
+
+def test_a_move_that_unties_captures_the_model_once(
     overwrite_mode: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     registry = isolated_registry()
     registry.register(CpuTpuPlugin(), override=True)
     captures: list[str] = []
-    original = tying.TyingSnapshot.capture.__func__  # type: ignore[attr-defined]
-    monkeypatch.setattr(
-        tying.TyingSnapshot,
-        "capture",
-        classmethod(lambda cls, model: (captures.append("capture"), original(cls, model))[1]),
-    )
+    original = SlotContents.__init__
+
+    def counting(self: SlotContents, model: nn.Module) -> None:
+        captures.append(type(model).__name__)
+        original(self, model)
+
+    monkeypatch.setattr(SlotContents, "__init__", counting)
+    monkeypatch.setattr(tying.TyingSnapshot, "capture", None)  # the move derives its groups
     model = registry.get_accelerator("tpu").model_to_device(TiedLM())
-    assert captures == ["capture"]
+    assert captures == ["TiedLM"]
     assert model.head.weight is model.embed.weight
 
 

@@ -1,9 +1,9 @@
-"""Tie keeping a third-party accelerator opts into: ``AcceleratorSpec(unties_weights=True)``.
+"""Tie keeping on a third-party accelerator's device that unties, declared or not.
 
 The vendor plugin here is not the TPU plugin nor derived from it, and the registry has
-no built-ins (so no TPU tie guard either): the declaration alone must give it the
-TPU plugin's snapshot, re-tie, validation and ``tie_check`` behaviour. It moves to
-``meta``, which gives every slot a Parameter of its own exactly like XLA.
+no built-ins: torch's rule (or the declaration ``unties_weights=True``) alone must give
+it the TPU plugin's snapshot, re-tie, validation and ``tie_check`` behaviour. It moves
+to ``meta``, which gives every slot a Parameter of its own exactly like XLA.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch import nn
 import accel
 from accel.tying import TieReport, count_unique_parameters, find_tied_parameters
 from accel.tying import _keeping as tie_keeping
+from accel.tying._capture import SlotContents
 from helpers.models import ALL_MODELS, TiedLM, TiesOnTieWeights, UntiesOnPurpose
 
 
@@ -47,29 +48,33 @@ def _npu(*, unties_weights: bool = True, builtins: bool = False) -> accel.Accele
 
 @pytest.fixture
 def captures(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many tie snapshots were taken (one per kept move)."""
+    """The models whose tie groups a move derived (one per kept move)."""
     taken: list[int] = []
-    capture = tie_keeping.TyingSnapshot.capture
+    derive = tie_keeping.TyingSnapshot._of_slots.__func__  # type: ignore[attr-defined]
 
-    def counting(model: nn.Module) -> tie_keeping.TyingSnapshot:
-        taken.append(id(model))
-        return capture(model)
+    def counting(cls: type, slots: SlotContents) -> tie_keeping.TyingSnapshot:
+        taken.append(id(slots.modules()[0][0]))
+        return derive(cls, slots)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(tie_keeping.TyingSnapshot, "capture", counting)
+    monkeypatch.setattr(tie_keeping.TyingSnapshot, "_of_slots", classmethod(counting))
     return taken
 
 
-def test_the_premise_an_undeclared_untying_device_breaks_ties_silently() -> None:
-    # Documented (docs/plugins.md): without the declaration, and without the TPU
-    # plugin's guard registered, accel does not look at ties, so tie_check has
-    # nothing to check.
-    npu = _npu(unties_weights=False)
-    assert npu.tie_check == "error"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        model = npu.model_to_device(TiedLM())
+def test_the_premise_torch_alone_unties_on_the_device() -> None:
+    model = TiedLM().to("meta")
     assert model.head.weight is not model.embed.weight
-    assert count_unique_parameters(model) == 4
+
+
+@pytest.mark.parametrize("name", sorted(ALL_MODELS))
+def test_an_undeclared_untying_device_keeps_every_tie(name: str, captures: list[int]) -> None:
+    # torch's rule, not the declaration, says a move to `meta` unties.
+    model = ALL_MODELS[name]()
+    partition = {group.names for group in find_tied_parameters(model)}
+    holds_tensors = any(True for _ in model.state_dict())
+    moved = _npu(unties_weights=False).model_to_device(model)
+    assert captures == ([id(model)] if holds_tensors else [])  # no tensor: nothing unties
+    assert {group.names for group in find_tied_parameters(moved)} == partition
+    assert count_unique_parameters(moved) == count_unique_parameters(model)
 
 
 @pytest.mark.parametrize("name", sorted(ALL_MODELS))
@@ -117,8 +122,7 @@ def test_a_tie_that_would_appear_is_undone_with_a_warning_on_a_declared_device()
     assert model.head.weight is not model.embed.weight
 
 
-def test_the_vendor_and_the_tpu_guard_together_keep_a_move_once(captures: list[int]) -> None:
-    # With the built-ins, the TPU plugin's guard sees the move to `meta` too.
+def test_with_the_builtins_registered_a_move_is_kept_once(captures: list[int]) -> None:
     model = _npu(builtins=True).model_to_device(TiedLM())
     assert model.head.weight is model.embed.weight
     assert len(captures) == 1

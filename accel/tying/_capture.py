@@ -1,9 +1,11 @@
-"""Undoing a failed model move.
+"""The one capture a move takes of a model, and the undo of a failed move.
 
-A :class:`RestorePoint` keeps *references* to everything a move can change (the
-objects in every parameter, buffer and submodule slot, each parameter's data,
-gradient and ``requires_grad``, every module's training flag), never copies of
-tensors, so it costs a few dictionaries however large the model is.
+:class:`SlotContents` holds every module's parameter, buffer and submodule slots (and
+each module's path) at one moment; the tie groups of a move that unties derive from
+it (:mod:`accel.tying`), and so does :class:`RestorePoint`, which also keeps
+*references* to everything else a move can change (each parameter's data, gradient
+and ``requires_grad``, every module's training flag), never copies of tensors, so it
+costs a few dictionaries however large the model is.
 
 Values changed in place (a hook rescaling a weight, a forward pass updating
 BatchNorm statistics) cannot be put back without a copy, and copying every tensor
@@ -25,13 +27,101 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from accel.tying._slots import SlotContents
-
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["RestorePoint"]
+__all__ = ["Path", "RestorePoint", "SlotContents", "qualified_name"]
+
+
+#: A module's qualified path as a linked list, ``(parent path, attribute)``; ``None`` is
+#: the model itself. The dotted string is built only where a name is needed.
+Path = tuple["Path", str] | None
+
+_Slots = tuple[
+    "nn.Module",
+    dict[str, "torch.Tensor | None"],
+    dict[str, "torch.Tensor | None"],
+    dict[str, "nn.Module | None"],
+]
+
+
+def qualified_name(path: Path, name: str) -> str:
+    """``name`` under the module at ``path``, dotted (``"encoder.layer.0.weight"``)."""
+    parts = [name]
+    while path is not None:
+        path, attribute = path
+        parts.append(attribute)
+    return ".".join(reversed(parts))
+
+
+class SlotContents:
+    """Every module's parameter, buffer and submodule slots at one moment, with each
+    module's path (pre-order, a module registered twice once, under its first path).
+
+    Holds references, never copies of tensors: :meth:`restore` puts the very same
+    objects back, so whatever was in a slot keeps its values.
+    """
+
+    __slots__ = ("_paths", "_saved")
+
+    def __init__(self, model: nn.Module) -> None:
+        saved: list[_Slots] = []
+        paths: list[Path] = []
+        visited: set[int] = set()
+        stack: list[tuple[nn.Module, Path]] = [(model, None)]
+        while stack:
+            module, path = stack.pop()
+            if id(module) in visited:
+                continue
+            visited.add(id(module))
+            # The instance dict once: three lookups through a deep class hierarchy cost more.
+            registries = module.__dict__
+            children = registries["_modules"]
+            saved.append(
+                (
+                    module,
+                    dict(registries["_parameters"]),
+                    dict(registries["_buffers"]),
+                    dict(children),
+                )
+            )
+            paths.append(path)
+            # Reversed, so the first child is popped first: the order of named_modules().
+            for name, child in reversed(children.items()):
+                if child is not None:
+                    stack.append((child, (path, name)))
+        self._saved = saved
+        self._paths = paths
+
+    def modules(self) -> list[_Slots]:
+        """``(module, parameters, buffers, submodules)`` of each module, as captured."""
+        return self._saved
+
+    def paths(self) -> list[Path]:
+        """Each module's :data:`Path`, in the order of :meth:`modules`."""
+        return self._paths
+
+    def restore(self) -> bool:
+        """Put every captured slot's object back (slots added since are dropped).
+
+        Returns whether any slot had changed.
+        """
+        changed = False
+        for module, parameters, buffers, submodules in self._saved:
+            for live, saved in (
+                (module._parameters, parameters),
+                (module._buffers, buffers),
+                (module._modules, submodules),
+            ):
+                # Compared with `is`: `==` would call tensors' elementwise __eq__.
+                if len(live) != len(saved) or any(
+                    live.get(name) is not value for name, value in saved.items()
+                ):
+                    changed = True
+                    live.clear()
+                    live.update(saved)  # type: ignore[arg-type]
+        return changed
 
 
 @dataclass(frozen=True)
@@ -127,18 +217,21 @@ def _plain_types() -> tuple[type, ...]:
 class RestorePoint:
     """What a model looked like before a move; :meth:`restore` puts it back."""
 
-    __slots__ = ("_model", "_parameters", "_slots", "_training", "_watches")
+    __slots__ = ("_model", "_parameters", "_samples", "_slots", "_training", "_watches")
 
     def __init__(self, model: nn.Module) -> None:
         self._model = model
+        #: The move's one capture of the model's slots: the undo and the tie groups.
         self._slots = SlotContents(model)
         self._training = [(module, module.training) for module, _, _, _ in self._slots.modules()]
         states: dict[int, _ParameterState] = {}
         buffers: dict[int, torch.Tensor] = {}
+        samples: dict[str, torch.Tensor] = {}
         for _, module_parameters, module_buffers, _ in self._slots.modules():
             for parameter in module_parameters.values():
                 if parameter is None or id(parameter) in states:
                     continue
+                samples.setdefault(parameter.device.type, parameter)
                 grad = parameter.grad  # read once: a property, not free on a Parameter
                 states[id(parameter)] = _ParameterState(
                     parameter,  # type: ignore[arg-type]
@@ -152,9 +245,11 @@ class RestorePoint:
                     None if grad is None else grad.detach(),
                 )
             for buffer in module_buffers.values():
-                if buffer is not None:
+                if buffer is not None and id(buffer) not in buffers:
                     buffers[id(buffer)] = buffer
+                    samples.setdefault(buffer.device.type, buffer)
         self._parameters = list(states.values())
+        self._samples = samples
         watched: list[tuple[torch.Tensor, torch.Tensor | None]] = [
             (state.parameter, state.data) for state in self._parameters
         ]
@@ -170,19 +265,48 @@ class RestorePoint:
         """``id`` of every distinct Parameter of the model when it was captured."""
         return {id(state.parameter) for state in self._parameters}
 
-    def moved_parameters(self) -> dict[int, nn.Parameter]:
-        """Map ``id(parameter before the move)`` to the Parameter now in its slot.
+    def slots(self) -> SlotContents:
+        """Every module's slots as captured (the tie groups derive from them)."""
+        return self._slots
+
+    def device_samples(self) -> dict[str, torch.Tensor]:
+        """One tensor of the model per device type it held when captured."""
+        return self._samples
+
+    def moved_parameters(self, moved: nn.Module) -> dict[int, nn.Parameter]:
+        """Map ``id(parameter before the move)`` to the Parameter now in its slot of
+        ``moved``: the captured model itself, or the module that replaced it (its
+        modules matched by identity where it holds them, else by qualified name).
 
         Read after a move: follows every slot captured before it, so a tied
         parameter maps to the one re-tied object.
         """
-        moved: dict[int, nn.Parameter] = {}
-        for module, parameters, _, _ in self._slots.modules():
+        captured = self._slots.modules()
+        now: list[nn.Module | None]
+        if moved is self._model:
+            now = [module for module, _, _, _ in captured]
+        else:
+            replacement = SlotContents(moved)
+            held = {id(module) for module, _, _, _ in replacement.modules()}
+            by_path = {
+                qualified_name(path, ""): module
+                for (module, _, _, _), path in zip(
+                    replacement.modules(), replacement.paths(), strict=True
+                )
+            }
+            now = [
+                module if id(module) in held else by_path.get(qualified_name(path, ""))
+                for (module, _, _, _), path in zip(captured, self._slots.paths(), strict=True)
+            ]
+        moved_map: dict[int, nn.Parameter] = {}
+        for (_, parameters, _, _), module_now in zip(captured, now, strict=True):
+            if module_now is None:
+                continue
             for name, before in parameters.items():
-                after = module._parameters.get(name)
-                if before is not None and after is not None and id(before) not in moved:
-                    moved[id(before)] = after
-        return moved
+                after = module_now._parameters.get(name)
+                if before is not None and after is not None and id(before) not in moved_map:
+                    moved_map[id(before)] = after
+        return moved_map
 
     def mark_moved(self) -> None:
         """Call once the move itself is done: in-place edits after this point touch
