@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from accel._core.blame import note_culprit
+from accel._core.compiling import runnable_backend
 from accel._core.listing import FALLBACKS_NAME, Listed, list_implementations
 from accel._core.untying import UntyingDeviceTypes
 from accel._util.names import describe_index_range
@@ -207,7 +208,7 @@ class AcceleratorHooks:
                 f"returned {_shown(backend)}; expected a backend name or a backend callable",
                 who,
             )
-        return backend  # type: ignore[no-any-return]
+        return runnable_backend(backend, device)  # inductor only where it has codegen
 
     def mark_step(self, device: torch.device) -> None:
         self._each("mark_step", device=device)

@@ -3,6 +3,7 @@ ties kept, state_dict and save of a compiled model with the plain model's keys."
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,10 @@ import pytest
 import torch
 
 import accel
+from accel._core import compiling
+from helpers import python_device
 from helpers.models import TiedLM
+from helpers.processes import last_json_line, run_python
 from helpers.registries import isolated_registry
 from helpers.training_fakes import BareAccelerator
 
@@ -118,3 +122,108 @@ def test_inductor_output_equals_eager_on_the_cpu_slow() -> None:
     compiled = cpu.compile(model)
     x = torch.randn(3, 4)
     torch.testing.assert_close(compiled(x), model(x))
+
+
+# -- a device inductor has no backend for ------------------------------------------------
+
+_ON_A_DEVICE_WITHOUT_INDUCTOR = """
+    import copy, json, warnings
+    import torch
+    from helpers.python_device import install
+
+    install("pydev")  # a PrivateUse1 backend: torch has kernels for it, inductor no codegen
+    import accel
+
+    class PyDev:  # a vendor's plugin naming no compile backend: the fallback's is asked
+        @accel.hookimpl
+        def register_accelerators(self):
+            return [accel.AcceleratorSpec("pydev", unties_weights=True)]
+
+        @accel.hookimpl
+        def is_available(self):
+            return accel.Availability(True, auto=False)
+
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(PyDev())
+    acc = registry.get_accelerator("pydev")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 1))
+    eager = copy.deepcopy(model)
+    model = acc.model_to_device(model)
+    x = torch.randn(3, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = acc.compile(model)
+        acc.compile(torch.nn.Linear(2, 2))  # the same device type: said once
+        out = compiled(acc.batch_to_device(x))
+        out.sum().backward()
+    eager(x).sum().backward()
+    torch.testing.assert_close(out.cpu(), eager(x).detach())
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(parameter.grad.cpu(), dict(eager.named_parameters())[name].grad)
+    print(json.dumps({
+        "device": str(out.device),
+        "grad_device": str(model[0].weight.grad.device),
+        "warnings": [(w.category.__name__, str(w.message), w.filename) for w in caught],
+    }))
+"""
+
+
+@pytest.mark.skipif(
+    not python_device.supported(),
+    reason="this torch cannot register a PrivateUse1 backend from Python",
+)
+def test_compile_runs_forward_and_backward_where_inductor_has_no_backend() -> None:
+    """Slow: a fresh process (renaming PrivateUse1 lasts for the process), dynamo and
+    AOTAutograd trace forward and backward (about 15 s on two busy cores)."""
+    tests = Path(__file__).resolve().parents[1]
+    report = last_json_line(
+        run_python(_ON_A_DEVICE_WITHOUT_INDUCTOR, env={"PYTHONPATH": str(tests)}, timeout=300)
+    )
+    assert report["device"] == report["grad_device"] == "pydev:0"
+    [(category, message, filename)] = report["warnings"]  # once, for two compiles
+    assert category == "PluginWarning"
+    assert "inductor has no backend for the device type 'pydev'" in message
+    assert "compiles with 'aot_eager'" in message
+    assert "register_backend_for_device" in message and "compile_backend hook" in message
+    assert filename == "<string>"  # the user's line, not accel's
+
+
+def test_inductor_stays_where_it_generates_code_and_other_backends_are_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(compiling, "_warned", set())
+    for device_type in ("cpu", "meta"):  # inductor keeps meta tensors out of its kernels
+        assert compiling.runnable_backend("inductor", torch.device(device_type)) == "inductor"
+    no_codegen = torch.device("privateuseone")  # in this process: no backend, no codegen
+    assert not compiling.inductor_generates_code_for("privateuseone")
+    for chosen in ("eager", "openxla", OwnBackend().backend):
+        assert compiling.runnable_backend(chosen, no_codegen) is chosen
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = [compiling.runnable_backend("inductor", no_codegen) for _ in range(2)]
+    assert chosen == ["aot_eager", "aot_eager"]
+    [warning] = caught  # once per device type
+    assert warning.category is accel.PluginWarning and "'privateuseone'" in str(warning.message)
+    assert warning.filename == __file__
+
+
+def test_a_plugin_naming_inductor_for_a_device_without_it_gets_a_backend_that_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class NamesInductor(BareAccelerator):
+        @accel.hookimpl
+        def get_device(self) -> torch.device:
+            return torch.device("privateuseone", 0)
+
+        @accel.hookimpl
+        def compile_backend(self) -> str:
+            return "inductor"
+
+    monkeypatch.setattr(compiling, "_warned", set())
+    calls = _recording_compile(monkeypatch)
+    acc = isolated_registry(NamesInductor("vendor")).get_accelerator("vendor")
+    with pytest.warns(accel.PluginWarning, match="inductor has no backend"):
+        acc.compile(torch.nn.Linear(2, 2))
+    acc.compile(torch.nn.Linear(2, 2), backend="inductor")  # asked for by name: as asked
+    assert calls == [{"backend": "aot_eager"}, {"backend": "inductor"}]
