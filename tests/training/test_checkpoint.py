@@ -369,3 +369,28 @@ def test_the_guard_must_be_entered_in_the_main_thread(acc: accel.Accelerator) ->
     thread.join()
     assert len(raised) == 1 and "must be entered in the main thread" in str(raised[0])
     assert isinstance(acc.preemption_guard(), PreemptionGuard)
+
+
+def test_a_signal_in_a_nested_guard_reaches_the_enclosing_guard(acc: accel.Accelerator) -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    with acc.preemption_guard() as outer:
+        with acc.preemption_guard() as inner:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert inner.requested and outer.received == signal.SIGUSR1
+        assert outer.requested
+    assert signal.getsignal(signal.SIGUSR1) == before
+
+
+def test_an_inner_guard_passes_on_a_signal_the_outer_one_does_not_watch(
+    acc: accel.Accelerator,
+) -> None:
+    with acc.preemption_guard(signals=(signal.SIGTERM,)) as outer:
+        with acc.preemption_guard(signals=(signal.SIGUSR2,)) as inner:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert inner.requested and outer.received == signal.SIGUSR2  # the inner's handler
+        assert outer.requested
+    with acc.preemption_guard(signals=(signal.SIGTERM,)) as outer:
+        with acc.preemption_guard(signals=(signal.SIGUSR2,)) as inner:
+            inner.received = signal.SIGUSR2  # noted, as by a handler outer never ran
+            outer.received = None
+        assert outer.requested and outer.received == signal.SIGUSR2  # passed on at exit
