@@ -121,3 +121,13 @@ def test_a_restore_uploads_every_tensor_in_one_transfer(
         for name in ("exp_avg", "exp_avg_sq"):
             assert entries[name].device == parameter.device
             assert torch.equal(entries[name].cpu(), expected[name].cpu()), name
+
+
+@pytest.mark.parametrize("word", [None, (28, "OSError: no space left on device"), (None, "E: x")])
+def test_the_master_ordinals_word_travels_over_xlas_rendezvous(
+    tpu: accel.Accelerator, word: object
+) -> None:
+    from accel.plugins._xla_training import _rendezvous
+
+    # One replica here: what it says is what every replica hears, the same word.
+    assert _rendezvous(word) == word  # type: ignore[arg-type]
