@@ -31,6 +31,7 @@ from accel._util.names import closest_name, name_from_environment, normalize_nam
 if TYPE_CHECKING:
     from accel.accelerator import Accelerator
     from accel.registry import AcceleratorRegistry
+    from accel.testing.conformance import Limits
 
 __all__ = ["accelerator"]
 
@@ -42,6 +43,9 @@ OPTION_DEST: Final = "accel_accelerator"
 LIMITS_DEST: Final = "accel_conformance_limits"
 #: What the conformance kit's test ids start with, after the module path.
 _CONFORMANCE_TEST: Final = "test_conformance.py::test_promise["
+# The accelerator the conformance kit checks and its declared limits, checked once
+# when the kit's tests are collected.
+_CONFORMANCE_TARGET_KEY: Final = pytest.StashKey[tuple[str, "Limits"]]()
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             "the promises that need it are skipped with its reason"
         ),
     )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Before the conformance kit's first test runs, check the accelerator it is to
+    check: a missing, unknown or unavailable one (or a bad ``--accel-limits``) is one
+    usage error for the whole run, not the same error once per promise."""
+    config = session.config
+    if config.option.collectonly or not any(
+        _CONFORMANCE_TEST in item.nodeid for item in session.items
+    ):
+        return
+    config.stash[_CONFORMANCE_TARGET_KEY] = _conformance_target(config)
+
+
+def _conformance_target(config: pytest.Config) -> tuple[str, Limits]:
+    """The accelerator the kit checks (usable here) and the device's declared limits."""
+    from accel.errors import AcceleratorError
+    from accel.testing.conformance import Limits, load_limits
+
+    requested = _requested(config)
+    if requested is None:  # "auto" would check whatever this machine has: say which instead
+        raise pytest.UsageError(
+            "accel conformance kit, no accelerator named: the kit checks one; pass "
+            f"--accelerator NAME (or set ${_ACCELERATOR_ENV}), e.g. --accelerator npu. No "
+            "promise was checked."
+        )
+    name, source = requested
+    spec = config.getoption(LIMITS_DEST)
+    where = f"{source} {name!r}"
+    try:
+        _registry().get_accelerator(name)
+        where = f"--accel-limits {spec!r}"
+        limits = load_limits(spec) if isinstance(spec, str) else Limits()
+    except (AcceleratorError, ValueError, TypeError) as exc:
+        why = str(exc).rstrip()
+        raise pytest.UsageError(
+            f"accel conformance kit, {where}: {why}{'' if why.endswith('.') else '.'} "
+            f"No promise was checked."
+        ) from None
+    return name, limits
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -282,6 +326,13 @@ def _requested(config: pytest.Config) -> tuple[str, str] | None:
         return option, "--accelerator"
     name, source = name_from_environment(None)
     return (name, source.removeprefix(" in ")) if source else None
+
+
+@pytest.fixture(scope="session")
+def _accel_conformance_target(request: pytest.FixtureRequest) -> tuple[str, Limits]:
+    """For accel.testing.conformance's tests (which do not import accel's tools): the
+    accelerator name and limits checked when the kit was collected."""
+    return request.config.stash[_CONFORMANCE_TARGET_KEY]
 
 
 @pytest.fixture
