@@ -3,10 +3,13 @@ where there is one, and a suggestion for a misspelt promise."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 import accel
 from accel.testing.conformance import run
@@ -68,3 +71,31 @@ def test_the_cli_and_its_json_name_the_hook_and_the_plugin(
     [stored] = json.loads(report.read_text())
     assert set(stored) == {"promise", "outcome", "reason"}
     assert BLAME in stored["reason"]
+
+
+class UntiesLikeAPrivateUse1Backend(FakeAccelerator):
+    """Gives every slot a Parameter of its own, as ``Module.to`` does on XLA and every
+    PrivateUse1 backend (here on the CPU, where torch's rule says nothing unties)."""
+
+    @accel.hookimpl
+    def model_to_device(self, model: nn.Module, device: torch.device) -> nn.Module:
+        for module in model.modules():
+            for name, parameter in list(module.named_parameters(recurse=False)):
+                setattr(module, name, nn.Parameter(parameter.detach().clone().to(device)))
+        return model
+
+
+PROMISES = ["moves.ties_kept_to_device", "moves.ties_kept_back_to_cpu"]
+
+
+def test_a_tie_lost_on_the_move_points_at_the_declaration_that_keeps_it() -> None:
+    plugin = UntiesLikeAPrivateUse1Backend()
+    outcomes = run("fake", registry=isolated_registry(plugin), promises=PROMISES)
+    assert [o.outcome for o in outcomes] == ["failed", "failed"]
+    for outcome in outcomes:
+        assert "no longer one Parameter" in outcome.reason
+        assert "AcceleratorSpec('fake', ..., unties_weights=True)" in outcome.reason
+    # The remedy named is the one that works.
+    plugin.spec = dataclasses.replace(plugin.spec, unties_weights=True)
+    outcomes = run("fake", registry=isolated_registry(plugin), promises=["moves"])
+    assert [o for o in outcomes if o.outcome != "passed"] == []

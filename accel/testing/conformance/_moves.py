@@ -29,12 +29,30 @@ def _on(model: nn.Module, device_type: str, what: str) -> None:
         )
 
 
-def _tied(model: TiedModel, what: str) -> None:
+def _tied(model: TiedModel, what: str, subject: Subject) -> None:
     assert model.head.weight is model.embed.weight, (
         f"{what}: head.weight and embed.weight are no longer one Parameter "
-        f"({unique_parameters(model)} unique parameters, were 3)"
+        f"({unique_parameters(model)} unique parameters, were 3).{_tie_remedy(subject)}"
     )
     assert unique_parameters(model) == 3, f"{what}: {unique_parameters(model)} parameters, were 3"
+
+
+def _tie_remedy(subject: Subject) -> str:
+    """What a vendor does about a lost tie: the usual cause is a device whose moves give
+    every slot a Parameter of its own, which torch's rule did not see (a stand-in device,
+    a move of the plugin's own), and the declaration that makes accel keep the ties."""
+    spec = subject.accelerator.spec
+    if spec.unties_weights:
+        return (
+            f" {spec.name!r} declares unties_weights=True, so accel kept the ties: a hook "
+            f"that runs after the move (post_move_hook, or a cross-cutting plugin's) broke it"
+        )
+    return (
+        f" If this device's moves give every slot a Parameter of its own (as on XLA and "
+        f"every PrivateUse1 backend), declare it in register_accelerators: "
+        f"AcceleratorSpec({spec.name!r}, ..., unties_weights=True), and accel keeps the "
+        f"ties on every move; otherwise a model_to_device or post_move_hook hook broke it"
+    )
 
 
 def _optimizer_holds(optimizer: torch.optim.Optimizer, model: nn.Module, what: str) -> None:
@@ -70,7 +88,7 @@ def ties_kept_to_device(subject: Subject) -> None:
     model = TiedModel()
     optimizer = sgd_for(model)
     model = subject.accelerator.model_to_device(model, optimizer=optimizer)
-    _tied(model, "to the device")
+    _tied(model, "to the device", subject)
     _optimizer_holds(optimizer, model, "to the device")
 
 
@@ -85,7 +103,7 @@ def ties_kept_back_to_cpu(subject: Subject) -> None:
     cpu = subject.registry.get_accelerator("cpu")
     model = cpu.model_to_device(model, optimizer=optimizer)
     _on(model, "cpu", "back to the CPU")
-    _tied(model, "back to the CPU")
+    _tied(model, "back to the CPU", subject)
     _optimizer_holds(optimizer, model, "back to the CPU")
     assert parameter_names(model) == parameter_names(TiedModel()), (
         f"back to the CPU: the parameters are {parameter_names(model)}"
