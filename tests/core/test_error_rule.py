@@ -28,7 +28,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ): "the OS's error, re-raised with the path named",
     # torch's weights_only refusal, re-worded: `except pickle.UnpicklingError` is what
     # torch users write.
-    ("accel.training.checkpoint._state", "UnpicklingError"): "torch's refusal, re-worded",
+    ("accel.training.checkpoint._read", "UnpicklingError"): "torch's refusal, re-worded",
     # Python's own for a missing optional dependency, raised at import time.
     ("accel.integrations.lightning", "ModuleNotFoundError"): "a missing 'lightning'",
     ("accel.integrations.ray", "ModuleNotFoundError"): "a missing 'ray[train]'",
