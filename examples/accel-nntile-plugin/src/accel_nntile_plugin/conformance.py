@@ -14,6 +14,5 @@ __all__ = ["LIMITS"]
 LIMITS = Limits(
     random="torch-nntile has no random kernels (uniform_, normal_) and no device generator",
     autocast="nntile tensors are float32 or int64: no half precision to autocast to",
-    compile="torch.compile's inductor has no nntile device (KeyError: 'nntile')",
     distributed="gloo carries no nntile tensors and torch-nntile has no collective library",
 )

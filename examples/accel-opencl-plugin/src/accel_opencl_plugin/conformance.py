@@ -16,6 +16,5 @@ LIMITS = Limits(
     reductions="torch-opencl has no reduction kernels (sum, norm), so no clip_grad_norm_",
     random="torch-opencl has no random kernels (uniform_) and no device generator",
     autocast="torch-opencl registers no AMP support (torch.autocast refuses the device type)",
-    compile="torch.compile has no backend for torch-opencl",
     distributed="gloo carries no opencl tensors and torch-opencl has no collective library",
 )
