@@ -74,7 +74,8 @@ def _move(
         hooks.pre_move_hook(model, device, context)
         # The declaration only overrides torch's rule; CPU <-> CUDA never gets past it.
         if spec.unties_weights or move_unties(capture.device_samples(), device):
-            kept = KeptMove(capture.slots())  # after every pre_move_hook: each saw it whole
+            # After every pre_move_hook: each saw the model whole.
+            kept = KeptMove(capture.slots(), hollow=not hooks.answered_by_plugin("model_to_device"))
         moved = hooks.model_to_device(model, device, context)
         capture.mark_moved()
         if kept is not None:  # before every post_move_hook: each sees it re-tied

@@ -1,12 +1,10 @@
 """Finding, restoring and checking tied (shared) parameters and buffers.
 
-A tie is one tensor object registered in several ``(module, name)`` slots, such as
-an embedding weight reused by the output layer. A move that starts or ends on a
-device whose tensors cannot take over another tensor's storage in place (XLA,
-``meta``) makes :meth:`torch.nn.Module._apply` build a new Parameter for every slot,
-so a tied weight silently becomes several. This module remembers the ties before
-such a move and puts back exactly those ties after it. It knows nothing about
-plugins or devices:
+A tie is one tensor object in several ``(module, name)`` slots, such as an embedding
+weight reused by the output layer. A move to or from XLA, ``meta`` or a PrivateUse1
+device gives every slot a Parameter of its own (torch's ``Module._apply``). This module
+remembers the ties before such a move and puts back exactly those; it knows nothing
+about plugins or devices:
 
 >>> snapshot = TyingSnapshot.capture(model)         # doctest: +SKIP
 >>> model = model.to(xla_device)                    # doctest: +SKIP
@@ -16,9 +14,6 @@ True
 :meth:`TyingSnapshot.finish_move` re-ties, lets the model's own ``tie_weights()``
 run, and undoes it if it changed which tensors are tied; the :class:`TieReport` it
 returns names the groups that came apart and the groups that appeared.
-
-Everything here is one pass over the modules' own ``_parameters`` and ``_buffers``
-dictionaries: linear in the number of slots.
 """
 
 from __future__ import annotations
@@ -98,12 +93,8 @@ _Entry = tuple[
 
 
 def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
-    """One pass over the model: its tied groups and its unique parameter count.
-
-    The walk uses an explicit stack rather than ``named_modules()`` (a recursive
-    generator, most of the cost on deep models) and visits modules in the same
-    order, under the same names.
-    """
+    """One pass over the model (an explicit stack, in the order and under the names of
+    ``named_modules()``): its tied groups and its unique parameter count."""
     entries: list[_Entry] = []
     visited: set[int] = set()
     stack: list[tuple[nn.Module, Path]] = [(model, None)]
@@ -113,9 +104,7 @@ def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
         if id(module) in visited:
             continue  # registered twice: keep the first path, as named_modules() does
         visited.add(id(module))
-        # The instance dict once, rather than three attribute lookups through the
-        # class hierarchy (nn.Module subclasses are deep).
-        registries = module.__dict__
+        registries = module.__dict__  # once: nn.Module class hierarchies are deep
         entries.append((module, path, registries["_parameters"], registries["_buffers"]))
         children = registries["_modules"]
         if children:
@@ -271,31 +260,6 @@ class TyingSnapshot:
         ]
         groups, parameter_count = _scan_entries(entries, buffers=True)
         return cls(tuple(groups), parameter_count)
-
-    def rebased(self, model: nn.Module) -> TyingSnapshot:
-        """The snapshot's groups pointing at the slots of ``model``, a module that
-        replaced the captured one (a copy, or a wrapper around its modules).
-
-        A slot's module that ``model`` holds itself stays; another is looked up by its
-        qualified name in ``model``. A slot found in neither way holds nothing, so its
-        group reports broken.
-        """
-        now = SlotContents(model)
-        held = {id(module) for module, _, _, _ in now.modules()}
-        by_path = {
-            qualified_name(path, "")[:-1]: module
-            for (module, _, _, _), path in zip(now.modules(), now.paths(), strict=True)
-        }
-        missing = nn.Module()  # no slots: what a slot the replacement lacks holds
-        groups = []
-        for group in self.groups:
-            slots = []
-            for (module, name, kind), qualified in zip(group.slots, group.names, strict=True):
-                if id(module) not in held:
-                    module = by_path.get(qualified.rpartition(".")[0], missing)
-                slots.append((module, name, kind))
-            groups.append(replace(group, slots=tuple(slots)))
-        return replace(self, groups=tuple(groups))
 
     def retie(self) -> None:
         """Re-tie every remembered group (see :func:`retie`)."""

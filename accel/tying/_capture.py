@@ -7,15 +7,11 @@ it (:mod:`accel.tying`), and so does :class:`RestorePoint`, which also keeps
 and ``requires_grad``, every module's training flag), never copies of tensors, so it
 costs a few dictionaries however large the model is.
 
-Values changed in place (a hook rescaling a weight, a forward pass updating
-BatchNorm statistics) cannot be put back without a copy, and copying every tensor
-before every move would double the model's memory. Instead each tensor's version
-counter (``tensor._version``, bumped by in-place operations) is read before the
-move, and :meth:`RestorePoint.restore` names the tensors whose values changed,
-so the note on a failed move says exactly what was and was not restored. (torch's
-batch-norm kernels write running statistics without bumping their counters; those
-are inferred from the layer's ``num_batches_tracked``. A custom kernel that writes
-in place without bumping the counter stays invisible.)
+Values changed in place (a hook rescaling a weight, BatchNorm statistics) cannot be put
+back without copies; each tensor's version counter is read before the move instead, and
+:meth:`RestorePoint.restore` names the tensors whose values changed. (torch's batch-norm
+kernels do not bump their counters; ``num_batches_tracked`` tells. A custom kernel that
+writes in place without bumping the counter stays invisible.)
 """
 
 from __future__ import annotations
@@ -275,12 +271,8 @@ class RestorePoint:
 
     def moved_parameters(self, moved: nn.Module) -> dict[int, nn.Parameter]:
         """Map ``id(parameter before the move)`` to the Parameter now in its slot of
-        ``moved``: the captured model itself, or the module that replaced it (its
-        modules matched by identity where it holds them, else by qualified name).
-
-        Read after a move: follows every slot captured before it, so a tied
-        parameter maps to the one re-tied object.
-        """
+        ``moved`` (the model, or the module that replaced it: its modules matched by
+        identity where it holds them, else by qualified name); a tie maps to one."""
         captured = self._slots.modules()
         now: list[nn.Module | None]
         if moved is self._model:

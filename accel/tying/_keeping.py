@@ -19,9 +19,9 @@ from torch import nn
 from accel._util.warn import warn_at_caller
 from accel.errors import TyingWarning, WeightTyingError
 from accel.tying import TieReport, TyingSnapshot, empty_duplicate_slots, format_tie_failure
+from accel.tying._capture import SlotContents, qualified_name
 
 if TYPE_CHECKING:
-    from accel.tying._capture import SlotContents
     from accel.types import MoveContext, TieCheck
 
 __all__ = ["MOVED_BY_NOTE", "KeptMove", "outcome"]
@@ -37,17 +37,20 @@ class KeptMove:
 
     __slots__ = ("_before", "_snapshot")
 
-    def __init__(self, before: SlotContents) -> None:
+    def __init__(self, before: SlotContents, *, hollow: bool) -> None:
         """Before the move (after every ``pre_move_hook``): the tie groups, derived from
-        ``before``, the move's one capture; then the duplicate slots hollowed out.
+        ``before``, the move's one capture.
 
-        Each shared tensor then crosses to the device once, not once per slot: on a
-        GPT-2-sized model that is the difference between matching a bare move and
-        copying the embedding twice. A failed move restores the slots.
+        :param hollow: empty the duplicate slots, so each shared tensor crosses to the
+            device once, not once per slot (on a GPT-2-sized model, the difference
+            between matching a bare move and copying the embedding twice). Only where
+            torch's ``Module.to`` moves the model: a plugin's own move must see it whole.
+            A failed move restores the slots.
         """
         self._before = before
         self._snapshot = TyingSnapshot._of_slots(before)
-        empty_duplicate_slots(list(self._snapshot.groups))
+        if hollow:
+            empty_duplicate_slots(list(self._snapshot.groups))
 
     def finish(
         self, model: nn.Module, moved: nn.Module, device: torch.device, context: MoveContext
@@ -59,7 +62,7 @@ class KeptMove:
         """
         snapshot = self._snapshot
         if moved is not model:
-            snapshot = snapshot.rebased(moved)
+            snapshot = _rebased(snapshot, moved)
             self._refill_left_behind(moved)
         report = snapshot.finish_move(moved)
         what = outcome(report, context.tie_check)
@@ -98,6 +101,42 @@ class KeptMove:
                     saved = parameters if kind == "parameter" else buffers
                     live = module._parameters if kind == "parameter" else module._buffers
                     live[name] = saved[name]  # type: ignore[assignment]
+
+
+def _rebased(snapshot: TyingSnapshot, model: nn.Module) -> TyingSnapshot:
+    """``snapshot``'s groups pointing at the slots of ``model``, a module that
+    replaced the captured one (a copy, or a wrapper around its modules).
+
+    A slot's module that ``model`` holds itself stays; another is looked up by its
+    qualified name in ``model``. A slot found in neither way holds nothing, so its
+    group reports broken.
+    """
+    now = SlotContents(model)
+    held = {id(module) for module, _, _, _ in now.modules()}
+    by_path = {
+        qualified_name(path, "")[:-1]: module
+        for (module, _, _, _), path in zip(now.modules(), now.paths(), strict=True)
+    }
+    missing = nn.Module()  # stands for a module the replacement lacks
+    # Slots that stay empty whatever re-tying puts in them: such a group stays broken.
+    missing.__dict__["_parameters"] = _AlwaysEmpty()
+    missing.__dict__["_buffers"] = _AlwaysEmpty()
+    groups = []
+    for group in snapshot.groups:
+        slots = []
+        for (module, name, kind), qualified in zip(group.slots, group.names, strict=True):
+            if id(module) not in held:
+                module = by_path.get(qualified.rpartition(".")[0], missing)
+            slots.append((module, name, kind))
+        groups.append(replace(group, slots=tuple(slots)))
+    return replace(snapshot, groups=tuple(groups))
+
+
+class _AlwaysEmpty(dict[str, "torch.Tensor | None"]):
+    """A module's slot registry that holds nothing, whatever is put in it."""
+
+    def __setitem__(self, key: str, value: torch.Tensor | None) -> None:
+        pass
 
 
 def _blaming(message: str, report: TieReport, context: MoveContext) -> str:

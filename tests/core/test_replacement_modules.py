@@ -1,0 +1,86 @@
+"""A plugin's ``model_to_device`` may return another module in the model's place: the
+move keeps that module's ties (or raises ``WeightTyingError``, the model as it was), and
+the optimizers passed to the move follow its parameters."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import accel
+from helpers.models import TiedLM
+
+
+class CopyingPlugin:
+    """Moves a deep copy of the model, as a vendor's move may."""
+
+    def __init__(self, device: str, *, unties_weights: bool = False, change: str = "") -> None:
+        self.device, self.unties_weights, self.change = device, unties_weights, change
+
+    @accel.hookimpl
+    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+        return [accel.AcceleratorSpec("npu", unties_weights=self.unties_weights)]
+
+    @accel.hookimpl
+    def is_available(self) -> accel.Availability:
+        return accel.Availability(True)
+
+    @accel.hookimpl
+    def get_device(self) -> torch.device:
+        return torch.device(self.device)
+
+    @accel.hookimpl
+    def model_to_device(self, model: nn.Module, device: torch.device) -> nn.Module:
+        moved = copy.deepcopy(model).to(device)
+        if self.change == "untie head":
+            moved.head.weight = nn.Parameter(torch.zeros_like(moved.head.weight))
+        elif self.change == "drop head":
+            del moved.head
+        return moved
+
+
+def _npu(plugin: CopyingPlugin) -> accel.Accelerator:
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    registry.register(plugin)
+    return registry.get_accelerator("npu")
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_replacement_on_a_device_that_unties_comes_back_tied(declared: bool) -> None:
+    model = TiedLM()
+    weight = model.embed.weight
+    moved = _npu(CopyingPlugin("meta", unties_weights=declared)).model_to_device(model)
+    assert moved is not model
+    assert moved.head.weight is not None and moved.head.weight is moved.embed.weight
+    assert moved.embed.weight.device.type == "meta"
+    # The model passed to the move is left as it was: tied, on the CPU, no slot emptied.
+    assert model.embed.weight is weight and model.head.weight is weight
+    assert weight.device.type == "cpu"
+
+
+def test_a_replacement_whose_tie_came_apart_is_tied_again() -> None:
+    moved = _npu(CopyingPlugin("meta", change="untie head")).model_to_device(TiedLM())
+    assert moved.head.weight is moved.embed.weight
+
+
+def test_a_replacement_that_lost_a_tied_slot_raises_and_the_model_is_as_it_was() -> None:
+    model = TiedLM()
+    weight = model.embed.weight
+    with pytest.raises(accel.WeightTyingError, match="tied weights came apart") as info:
+        _npu(CopyingPlugin("meta", change="drop head")).model_to_device(model)
+    assert info.value.broken_groups == [("embed.weight", "head.weight")]
+    assert model.embed.weight is weight and model.head.weight is weight
+    assert weight.device.type == "cpu"
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_the_optimizer_follows_the_replacements_parameters(device: str) -> None:
+    model = TiedLM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    moved = _npu(CopyingPlugin(device)).model_to_device(model, optimizer=optimizer)
+    held = optimizer.param_groups[0]["params"]
+    assert {id(p) for p in held} == {id(p) for p in moved.parameters()}
+    assert len(held) == 3
