@@ -29,7 +29,12 @@ def add_conformance_command(commands: Any, common: argparse.ArgumentParser) -> N
         "conformance",
         parents=[common],
         help="check accel's promises on a plugin's device",
-        epilog="exit status: 0 every promise that applies holds, 1 one failed, 2 error",
+        epilog=(
+            "exit status: 0 every promise that applies holds, 1 one failed, 2 error. The "
+            "same checks as `python -m pytest --pyargs accel.testing.conformance "
+            "--accelerator NAME`, which needs pytest installed in this environment (a "
+            "pytest from another one does not know --accelerator); this command does not."
+        ),
     )
     conformance.add_argument("name", help="the accelerator to check, e.g. npu")
     conformance.add_argument(

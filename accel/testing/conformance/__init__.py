@@ -2,8 +2,12 @@
 
 A vendor runs it in their own CI, through pytest or the ``accel`` command::
 
-    pytest --pyargs accel.testing.conformance --accelerator npu [--accel-limits MOD:OBJ]
+    python -m pytest --pyargs accel.testing.conformance --accelerator npu [--accel-limits MOD:OBJ]
     accel conformance npu [--limits MOD:OBJ] [--json report.json]
+
+The pytest form needs pytest installed in the environment that holds accel and the
+plugin (a pytest from another environment does not know ``--accelerator``); the
+``accel`` command needs no pytest.
 
 or from Python:
 
