@@ -84,3 +84,18 @@ def test_the_optimizer_follows_the_replacements_parameters(device: str) -> None:
     held = optimizer.param_groups[0]["params"]
     assert {id(p) for p in held} == {id(p) for p in moved.parameters()}
     assert len(held) == 3
+
+
+class _NoNewEmpty(torch.Tensor):
+    """A tensor subclass ``copy.deepcopy`` cannot copy (its ``new_empty`` is torch's)."""
+
+
+def test_a_copy_that_fails_in_a_plugins_move_names_the_hook_and_the_plugin() -> None:
+    model = TiedLM()
+    model.extra = nn.Parameter(torch.ones(2).as_subclass(_NoNewEmpty))
+    with pytest.raises(RuntimeError, match="__deepcopy__") as info:
+        _npu(CopyingPlugin("cpu")).model_to_device(model)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "raised in hook 'model_to_device' of plugin" in notes
+    assert "CopyingPlugin" in notes
+    assert model.head.weight is model.embed.weight
