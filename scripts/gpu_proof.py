@@ -135,13 +135,14 @@ def check_conformance(name: str) -> str:
             last = (done.stdout + done.stderr).strip().splitlines() or ["(no output)"]
             raise AssertionError(f"the kit exited {done.returncode}: {last[-1]}")
         rows = json.loads(Path(f"{tmp}/kit.json").read_text())
-    counts = {o: [r["promise"] for r in rows if r["outcome"] == o] for o in ("failed", "skipped")}
-    passed = len(rows) - len(counts["failed"]) - len(counts["skipped"])
-    detail = f"{passed} passed, {len(counts['failed'])} failed, {len(counts['skipped'])} skipped"
-    for outcome, promises in counts.items():
+    failed = [f"{r['promise']} ({r['reason']})" for r in rows if r["outcome"] == "failed"]
+    skipped = [r["promise"] for r in rows if r["outcome"] == "skipped"]
+    passed = len(rows) - len(failed) - len(skipped)
+    detail = f"{passed} passed, {len(failed)} failed, {len(skipped)} skipped"
+    for outcome, promises in (("failed", failed), ("skipped", skipped)):
         if promises:
             detail += f"; {outcome}: {', '.join(promises)}"
-    assert not counts["failed"], detail
+    assert not failed, detail
     assert done.returncode == 0, f"the kit exited {done.returncode}: {detail}"
     return detail
 

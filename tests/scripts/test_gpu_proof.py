@@ -4,6 +4,7 @@ broken script."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -73,3 +74,18 @@ def test_every_check_but_the_kit_passes_on_the_cpu() -> None:
     done = run_python(command, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert verdicts(done.stdout) == {n: "PASS" for n in GPU_CHECKS if n != "conformance"}
+
+
+def test_the_one_gpu_limits_load_and_declare_only_the_distributed_promises(
+    tmp_path: Path,
+) -> None:
+    # What the conformance check passes on one GPU (the kit's two NCCL ranks need two).
+    limits = ["--limits", "gpu_proof:ONE_GPU", "--json", str(tmp_path / "kit.json")]
+    promises = ["--promise", "distributed", "--promise", "moves"]
+    done = run_python(["-m", "accel", "conformance", "cpu", *limits, *promises], cwd=SCRIPTS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    outcomes = {r["promise"]: r["outcome"] for r in json.loads((tmp_path / "kit.json").read_text())}
+    distributed = {p for p in outcomes if p.startswith("distributed.")}
+    assert distributed, outcomes
+    assert {p for p, outcome in outcomes.items() if outcome == "skipped"} == distributed
+    assert len(outcomes) > len(distributed), "no move promise ran"
