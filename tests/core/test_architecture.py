@@ -245,6 +245,9 @@ TORCH_FREE = {
 GUARDED_IMPORTS = {
     ("accel.training.step", "torch._dynamo.eval_frame"),
     ("accel.training.step", "torch.distributed.tensor"),
+    # Asked only where the answer is needed: inductor's device backends, when compiling
+    # on a device type other than torch's own.
+    ("accel._core.compiling", "torch._inductor.codegen"),
 }
 
 
