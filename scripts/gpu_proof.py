@@ -14,7 +14,7 @@ CUDA build of torch importable: ``python scripts/gpu_proof.py``. Each check prin
    ``device_loader`` arrive on the GPU with equal values.
 5. ``nanogpt-step``: nanoGPT's step (bf16 autocast, clipping, fused AdamW) through accel
    and written by hand with plain torch: equal losses, and the time ratio accel / hand.
-6. ``save-resume``: k steps, ``acc.save``, a new process ``acc.load``\\s and finishes;
+6. ``save-resume``: k steps, ``acc.save``, a new process loads it (``acc.load``) and goes on;
    its parameters equal an uninterrupted run's.
 
 Exit status: 0 every check passed, 1 one failed, 2 no CUDA device (said on one line
