@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple, final
 
 import accel.plugins as builtin_plugins
 import accel.plugins._fallbacks as fallbacks
+from accel._registry.arguments import checked_arguments
 from accel._registry.catalog import BUILTIN_PROVIDER, Catalog, Conflict
 from accel._registry.declarations import check_plugin_object, declared_specs, plugin_label
 from accel._registry.dispatch import Dispatcher
@@ -55,6 +56,10 @@ class AcceleratorRegistry:
         means ``$ACCEL_PLUGINS`` if set, else all.
     :param autoload: load entry points at all; ``None`` means "unless
         ``$ACCEL_DISABLE_PLUGIN_AUTOLOAD=1``".
+    :param default_from_env: whether ``get_accelerator()`` without a name reads
+        ``$ACCEL_ACCELERATOR``; ``None``: unless ``entry_points`` is a group of the
+        registry's own (the variable names accelerators of accel's group).
+    :raises AcceleratorTypeError: an argument of the wrong type (``plugins="x"``).
 
     Nothing is loaded until the registry is first used.
     """
@@ -66,8 +71,14 @@ class AcceleratorRegistry:
         builtins: bool = True,
         plugins: Iterable[str] | None = None,
         autoload: bool | None = None,
+        default_from_env: bool | None = None,
     ) -> None:
-        self._loader = EntryPointLoader(entry_points, allowed=plugins, autoload=autoload)
+        allowed = checked_arguments(entry_points, builtins, plugins, autoload, default_from_env)
+        if default_from_env is None:
+            default_from_env = entry_points in (PROJECT_NAME, None)
+        #: Whether ``get_accelerator()`` without a name reads ``$ACCEL_ACCELERATOR``.
+        self._from_env = default_from_env
+        self._loader = EntryPointLoader(entry_points, allowed=allowed, autoload=autoload)
         self._builtins = builtins
         self._catalog = Catalog()
         self._parts: _Loaded | None = None
@@ -117,7 +128,8 @@ class AcceleratorRegistry:
         """Return a handle to the accelerator called ``name``.
 
         :param name: a name or alias, optionally with a device index (``"cuda:1"``),
-            or ``"auto"``. ``None`` means ``$ACCEL_ACCELERATOR``, else ``"auto"``. A
+            or ``"auto"``. ``None`` means ``$ACCEL_ACCELERATOR`` (if the registry
+            reads it: ``default_from_env``), else ``"auto"``. A
             handle of this registry's is returned as it is (so every API that takes
             "a handle or a name" with ``registry=`` follows one rule); a handle of
             another registry is an :class:`AcceleratorValueError`.
@@ -130,8 +142,8 @@ class AcceleratorRegistry:
         :raises AcceleratorUnavailableError: it exists but cannot be used here, or
             the device index is beyond its device count.
         :raises PluginError: several installed plugins claim that name.
-        :raises AcceleratorValueError: also for a value of ``$ACCEL_EARLY_SIGNALS`` accel
-            does not recognise.
+        :raises AcceleratorValueError: a malformed name (``"cuda:x"``, ``":0"``).
+        :raises AcceleratorTypeError: a name or ``tie_check`` of the wrong type.
         """
         # A run's first call into accel: from here on (loading plugins may take
         # seconds) a preemption signal is noted for the guard, not fatal.
@@ -207,7 +219,10 @@ class AcceleratorRegistry:
             )
         )
         # Returned last: other threads wait on the lock until the registry is whole.
-        return _Loaded(dispatcher, Selector(self._catalog, dispatcher, self._failures, self._lock))
+        selector = Selector(
+            self._catalog, dispatcher, self._failures, self._lock, default_from_env=self._from_env
+        )
+        return _Loaded(dispatcher, selector)
 
     def _reentry_error(self) -> PluginError:
         current = self._loader.current
@@ -235,7 +250,11 @@ class AcceleratorRegistry:
     ) -> None:
         check_plugin_object(plugin, label, provider, dispatcher.validator())
         if dispatcher.is_registered(plugin):
-            raise PluginError(f"plugin {label!r} from {provider} is already registered")
+            raise PluginError(
+                f"plugin {label!r} from {provider} is already registered in this registry, "
+                f"and a plugin object is registered once. Register it once; to register it "
+                f"anew (with another name=), unregister it first (registry.unregister(plugin))."
+            )
         specs = declared_specs(plugin, label, provider, dispatcher.validator())
         conflicts = self._catalog.conflicts(specs, provider)
         disputed_aliases: list[Conflict] = []
@@ -246,7 +265,7 @@ class AcceleratorRegistry:
         elif conflicts:
             if not entry_point:
                 raise _conflict_error(
-                    conflicts[0], specs, label, provider, {c.name for c in conflicts}
+                    conflicts[0], specs, label, provider, {c.name for c in conflicts}, in_code=True
                 )
             # A built-in always keeps its names: an installed plugin cannot take them,
             # and disputes nothing, so the built-in keeps working. A built-in's canonical
@@ -353,16 +372,25 @@ def _conflict_error(
     label: str,
     provider: str,
     named: set[str],
+    *,
+    in_code: bool = False,
 ) -> PluginError:
     """:param named: every name of ``specs`` the conflict leaves disputed, for
-    ``conflicting_names`` (in the order the plugin declares them)."""
+    ``conflicting_names`` (in the order the plugin declares them).
+    :param in_code: the second claimant is being registered in code, where installing
+    and ``$ACCEL_PLUGINS`` are beside the point."""
     holder = conflict.holder
     claimant = _claimant(conflict, specs)
+    remedy = (
+        "Register each accelerator once: unregister the registered plugin first "
+        "(registry.unregister(plugin)), or pass override=True to replace it on purpose."
+        if in_code
+        else f"Uninstall one of them, load only one with {PLUGINS_ENV}=..., or, registering "
+        f"in code, pass override=True to replace the existing one on purpose."
+    )
     return PluginError(
         f"accelerator name {conflict.name!r} is claimed twice: by {holder.spec.name!r} from "
-        f"{holder.provider} and by {claimant!r} from {provider} (plugin {label!r}). "
-        f"Uninstall one of them, load only one with {PLUGINS_ENV}=..., or, registering in "
-        f"code, pass override=True to replace the existing one on purpose.",
+        f"{holder.provider} and by {claimant!r} from {provider} (plugin {label!r}). {remedy}",
         conflicting_names=tuple(
             dict.fromkeys(key for s in specs for key in (s.name, *s.aliases) if key in named)
         ),

@@ -27,12 +27,21 @@ TIE_CHECK_MODES: tuple[TieCheck, ...] = ("error", "warn", "off")
 
 
 def checked_tie_check(value: object) -> TieCheck:
-    """``value`` if it is a valid ``tie_check`` mode, else a :class:`ValueError`."""
-    if value not in TIE_CHECK_MODES:
-        raise AcceleratorValueError(
-            f"tie_check must be one of {', '.join(map(repr, TIE_CHECK_MODES))}, got {value!r}"
+    """``value`` as a ``tie_check`` mode, normalised like accelerator names (case and
+    surrounding whitespace ignored: ``"WARN"`` is ``"warn"``).
+
+    :raises AcceleratorTypeError: ``value`` is not a str (``True``, say).
+    :raises AcceleratorValueError: it names no mode.
+    """
+    modes = ", ".join(map(repr, TIE_CHECK_MODES))
+    if not isinstance(value, str):
+        raise AcceleratorTypeError(
+            f"tie_check must be a str, one of {modes}; got {type(value).__name__}: {value!r}"
         )
-    return value
+    for mode in TIE_CHECK_MODES:
+        if value.strip().lower() == mode:
+            return mode
+    raise AcceleratorValueError(f"tie_check must be one of {modes}, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,10 @@ class EntryPointLoader:
             finally:
                 self.current = None
         if allowed is not None:
-            _warn_unmatched(allowed, found)
+            source = (
+                "the registry's plugins= argument" if self._allowed is not None else PLUGINS_ENV
+            )
+            _warn_unmatched(allowed, found, source)
         return failures
 
 
@@ -131,25 +134,33 @@ def _failure(name: str, provider: str, exc: BaseException) -> PluginFailure:
     message = str(exc).splitlines()[0] if str(exc) else ""
     error = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     conflicting = exc.conflicting_names if isinstance(exc, PluginError) else ()
+    # The error's closing period would sit before the parenthesis: "hooks.); the".
+    shown = error.rstrip().removesuffix(".")
     warn_at_caller(
-        f"accel plugin {name!r} from {provider} failed to load and was skipped ({error}); "
+        f"accel plugin {name!r} from {provider} failed to load and was skipped ({shown}); "
         f"the other accelerators still work. Fix or uninstall it, or {_SKIP_HINT}.",
         PluginWarning,
     )
     return PluginFailure(name, provider, error, tuple(conflicting))
 
 
-def _warn_unmatched(allowed: set[str], found: list[EntryPoint]) -> None:
+def _warn_unmatched(allowed: set[str], found: list[EntryPoint], source: str) -> None:
+    """:param source: what gave the allow-list: the variable, or the registry's argument."""
     installed = {normalize_distribution_name(ep.name) for ep in found}
     installed |= {_provider(ep)[0] for ep in found}
     unmatched = sorted(allowed - installed)
     if not unmatched:
         return
     there = ", ".join(sorted({f"{ep.name} (from {_provider(ep)[1]})" for ep in found}))
+    what = (
+        "that entry-point or distribution name"
+        if len(unmatched) == 1
+        else "any of these entry-point or distribution names"
+    )
     warn_at_caller(
-        f"{PLUGINS_ENV} names {', '.join(map(repr, unmatched))}, but no installed accel plugin "
-        f"has that entry-point or distribution name; installed: {there or 'none'}. Check "
-        f"the spelling, or install the plugin's distribution.",
+        f"{source} names {', '.join(map(repr, unmatched))}, but no installed accel plugin "
+        f"has {what}; installed: {there or 'none'}. Check the spelling, or install the "
+        f"plugin's distribution.",
         PluginWarning,
     )
 
@@ -173,8 +184,8 @@ def _env_flag(name: str, *, false_means: str) -> bool:
     if value not in _FALSE_VALUES:
         warn_at_caller(
             f"${name}={raw!r} is not a value accel recognises, so it is read as "
-            f"false: {false_means}. Set it to one of {', '.join(_TRUE_VALUES)} for true, "
-            f"or to one of {', '.join(repr(v) for v in _FALSE_VALUES)} for false.",
+            f"false: {false_means}. Set it to one of {', '.join(map(repr, _TRUE_VALUES))} for "
+            f"true, or to one of {', '.join(map(repr, _FALSE_VALUES))} for false.",
             PluginWarning,
         )
     return False

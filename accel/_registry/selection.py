@@ -56,7 +56,15 @@ class Selector:
     """Selection over one registry's catalog, dispatcher and load failures (it owns
     none of them: the registry does, and changes them under ``lock``)."""
 
-    __slots__ = ("_catalog", "_device_failures", "_dispatcher", "_failures", "_lock", "_probed")
+    __slots__ = (
+        "_catalog",
+        "_default_from_env",
+        "_device_failures",
+        "_dispatcher",
+        "_failures",
+        "_lock",
+        "_probed",
+    )
 
     def __init__(
         self,
@@ -64,7 +72,12 @@ class Selector:
         dispatcher: Dispatcher,
         failures: list[PluginFailure],
         lock: threading.RLock,
+        *,
+        default_from_env: bool = True,
     ) -> None:
+        """:param default_from_env: whether no name means ``$ACCEL_ACCELERATOR`` (else
+        ``"auto"``)."""
+        self._default_from_env = default_from_env
         self._catalog = catalog
         self._dispatcher = dispatcher
         self._failures = failures
@@ -78,9 +91,11 @@ class Selector:
 
     def select(self, name: str | Accelerator | None, tie_check: TieCheck) -> Accelerator:
         """The handle for ``name`` (see :meth:`accel.AcceleratorRegistry.get_accelerator`)."""
-        checked_tie_check(tie_check)
+        tie_check = checked_tie_check(tie_check)
         if isinstance(name, Accelerator):
             return self._own(name)
+        if name is None and not self._default_from_env:
+            name = AUTO
         name, source = name_from_environment(name)
         try:
             base, index = parse_accelerator_name(name)

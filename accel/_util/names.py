@@ -17,11 +17,14 @@ __all__ = [
     "ACCELERATOR_ENV",
     "AUTO",
     "DISABLE_AUTOLOAD_ENV",
+    "EARLY_SIGNALS_ENV",
     "PLUGINS_ENV",
+    "VARIABLES",
     "check_accelerator_name",
     "closest_name",
     "describe_difference",
     "describe_index_range",
+    "misspelt_variables",
     "name_from_environment",
     "normalize_distribution_name",
     "normalize_name",
@@ -34,6 +37,10 @@ ACCELERATOR_ENV: Final = "ACCEL_ACCELERATOR"
 DISABLE_AUTOLOAD_ENV: Final = "ACCEL_DISABLE_PLUGIN_AUTOLOAD"
 #: Environment variable with a comma-separated allow-list of entry-point plugins.
 PLUGINS_ENV: Final = "ACCEL_PLUGINS"
+#: Environment variable saying where preemption signals are noted before a guard.
+EARLY_SIGNALS_ENV: Final = "ACCEL_EARLY_SIGNALS"
+#: Every environment variable accel reads (``accel list`` checks the others' names).
+VARIABLES: Final = (ACCELERATOR_ENV, DISABLE_AUTOLOAD_ENV, EARLY_SIGNALS_ENV, PLUGINS_ENV)
 
 #: The name that means "the best available accelerator".
 AUTO: Final = "auto"
@@ -93,6 +100,12 @@ def parse_accelerator_name(name: object) -> tuple[str, int | None]:
     base = normalize_name(base)
     if not sep:
         return base, None
+    if not base:
+        # ':0' is malformed, not a name nobody registered: say what the form is.
+        raise AcceleratorValueError(
+            f"accelerator name {name!r} has a device index but no name before the ':': "
+            f"expected 'NAME:INDEX', like 'cuda:1', or a name alone, like 'cpu'"
+        )
     index_text = index_text.strip()
     # isascii(): str.isdigit() also accepts digits such as '²' that int() refuses.
     if not (index_text.isascii() and index_text.isdigit()):
@@ -157,6 +170,22 @@ def describe_difference(name: str, suggestion: str) -> str:
 
 def _describe_char(char: str) -> str:
     return f"{char!r} (U+{ord(char):04X} {unicodedata.name(char, 'unnamed character')})"
+
+
+def misspelt_variables(environ: Iterable[str]) -> list[tuple[str, str]]:
+    """``(name, meant)`` for each variable of ``environ`` that looks like a misspelling
+    of one accel reads (``ACCEL_PLUGIN``, ``accel_plugins``), sorted by name."""
+    import difflib
+
+    found = []
+    for name in sorted(environ):
+        if name in VARIABLES or not name.upper().startswith("ACCEL_"):
+            continue
+        # 0.8: one or two letters off; other ACCEL_* variables (a project's own) pass.
+        close = difflib.get_close_matches(name.upper(), VARIABLES, n=1, cutoff=0.8)
+        if close:
+            found.append((name, close[0]))
+    return found
 
 
 def describe_index_range(canonical: str, count: int) -> str:

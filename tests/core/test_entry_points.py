@@ -297,3 +297,23 @@ def test_an_allow_list_entry_that_matches_nothing_warns_once_naming_what_is_ther
     assert "'accel-alais-plugin'" in message
     assert "arc (from accel_Alias.Plugin 0.0.3)" in message
     assert "xpu (from accel-example-plugin 0.1.0)" in message
+
+
+def test_a_failed_plugins_error_ending_in_a_period_is_shown_without_it() -> None:
+    from accel._registry import loading
+
+    with pytest.warns(accel.PluginWarning) as caught:
+        loading._failure("fakedev", "accel-fakedev 0.1.0", accel.PluginError("unknown hook."))
+    message = str(caught[0].message)
+    assert "(PluginError: unknown hook); the other accelerators still work" in message
+
+
+def test_a_boolean_variables_warning_quotes_every_value_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ACCEL_DISABLE_PLUGIN_AUTOLOAD", "maybe")
+    with pytest.warns(accel.PluginWarning) as caught:
+        accel.AcceleratorRegistry(entry_points="accel-test-empty-group").names()
+    message = str(caught[0].message)
+    assert "one of '1', 'true', 'yes', 'on' for true" in message
+    assert "one of '', '0', 'false', 'no', 'off' for false" in message

@@ -263,3 +263,107 @@ def test_register_and_unregister_while_other_threads_select_raise_only_accels_er
         sys.setswitchinterval(before)
     assert not any(thread.is_alive() for thread in threads)
     assert problems == []
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        (
+            {"plugins": "fakedev"},
+            "got a str: 'fakedev' (read as its letters); pass plugins=['fakedev']",
+        ),
+        ({"plugins": 5}, "plugins must be a list of entry-point or distribution names"),
+        ({"plugins": ["ok", 3]}, "plugins must hold names (str), but holds int: 3"),
+        ({"autoload": "no"}, "autoload must be True, False or None"),
+        ({"entry_points": 5}, "entry_points must be an entry-point group name"),
+        ({"builtins": "yes"}, "builtins must be True or False, got str: 'yes'"),
+        ({"default_from_env": 1}, "default_from_env must be True, False or None"),
+    ],
+)
+def test_a_constructor_argument_of_the_wrong_type_is_a_type_error_at_once(
+    arguments: dict[str, object], says: str
+) -> None:
+    with pytest.raises(accel.AcceleratorTypeError) as caught:
+        accel.AcceleratorRegistry(**arguments)  # type: ignore[arg-type]
+    assert says in str(caught.value)
+
+
+def test_a_blank_entry_point_group_is_a_value_error() -> None:
+    with pytest.raises(accel.AcceleratorValueError, match="entry_points is blank"):
+        accel.AcceleratorRegistry(entry_points=" ")
+
+
+def test_an_allow_list_argument_that_matches_nothing_names_the_argument(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("ACCEL_PLUGINS", raising=False)
+    with pytest.warns(accel.PluginWarning) as caught:
+        accel.AcceleratorRegistry(plugins=["fakedev", "other"]).names()
+    (message,) = [str(w.message) for w in caught]
+    assert message.startswith("the registry's plugins= argument names 'fakedev', 'other', ")
+    assert "ACCEL_PLUGINS" not in message
+    # Two names: plural.
+    assert "no installed accel plugin has any of these entry-point or distribution names" in (
+        message
+    )
+
+
+def test_the_variable_is_named_when_the_variable_gave_the_allow_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ACCEL_PLUGINS", "fakedev")
+    with pytest.warns(accel.PluginWarning) as caught:
+        accel.AcceleratorRegistry().names()
+    (message,) = [str(w.message) for w in caught]
+    assert message.startswith("ACCEL_PLUGINS names 'fakedev', but no installed accel plugin has")
+    assert "has that entry-point or distribution name;" in message  # one name: singular
+
+
+def test_registering_one_plugin_object_twice_says_it_is_registered_already() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    plugin = FakeAccelerator("npu")
+    registry.register(plugin)
+    with pytest.raises(accel.PluginError) as caught:
+        registry.register(plugin)
+    message = str(caught.value)
+    assert "is already registered in this registry" in message
+    assert "unregister it first (registry.unregister(plugin))" in message
+    assert "ACCEL_PLUGINS" not in message and "Uninstall" not in message
+
+
+def test_registering_a_second_plugin_for_one_name_in_code_says_what_code_can_do() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(FakeAccelerator("npu"))
+    with pytest.raises(accel.PluginError) as caught:
+        registry.register(FakeAccelerator("npu"))
+    message = str(caught.value)
+    assert "accelerator name 'npu' is claimed twice" in message
+    assert "unregister the registered plugin first" in message
+    assert "pass override=True to replace it on purpose" in message
+    # Advice for installed distributions is beside the point in code.
+    assert "ACCEL_PLUGINS" not in message and "Uninstall" not in message
+
+
+def test_a_registry_with_a_group_of_its_own_ignores_accel_accelerator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The user's variable names a plugin of accel's group (installed here: the example
+    # plugin's xpu), which a library's private registry does not load.
+    monkeypatch.setenv("ACCEL_ACCELERATOR", "xpu")
+    private = accel.AcceleratorRegistry(entry_points="mylib.accelerators")
+    assert private.get_accelerator() == private.get_accelerator("auto")
+    asked = accel.AcceleratorRegistry(entry_points="mylib.accelerators", default_from_env=True)
+    with pytest.raises(accel.AcceleratorNotFoundError, match=r"'xpu' in \$ACCEL_ACCELERATOR"):
+        asked.get_accelerator()
+
+
+@pytest.mark.parametrize("entry_points", ["accel", None])
+def test_a_registry_of_accels_group_or_none_reads_accel_accelerator(
+    monkeypatch: pytest.MonkeyPatch, entry_points: str | None
+) -> None:
+    monkeypatch.setenv("ACCEL_ACCELERATOR", "nonsense")
+    registry = accel.AcceleratorRegistry(entry_points=entry_points)
+    with pytest.raises(accel.AcceleratorNotFoundError, match=r"\$ACCEL_ACCELERATOR"):
+        registry.get_accelerator()
+    opted_out = accel.AcceleratorRegistry(entry_points=entry_points, default_from_env=False)
+    assert opted_out.get_accelerator() == opted_out.get_accelerator("auto")

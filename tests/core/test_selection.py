@@ -487,3 +487,61 @@ def test_every_handle_or_name_argument_follows_the_registrys_rule() -> None:
         devices.resolve_accelerator(handle, other)
     with pytest.raises(accel.AcceleratorValueError, match="belongs to another registry"):
         AccelAccelerator(handle, registry=other)
+
+
+@pytest.mark.parametrize("name", [":0", " :1", ":"])
+def test_an_index_without_a_name_is_a_value_error_not_an_unknown_name(
+    registry: accel.AcceleratorRegistry, name: str
+) -> None:
+    # docs/errors.md: a malformed name is a ValueError; ':0' names nothing to look up.
+    with pytest.raises(accel.AcceleratorValueError, match="no name before the ':'") as caught:
+        registry.get_accelerator(name)
+    assert not isinstance(caught.value, LookupError)
+
+
+@pytest.mark.parametrize(
+    ("given", "mode"), [("WARN", "warn"), (" Off ", "off"), ("Error", "error")]
+)
+def test_tie_check_is_case_insensitive_like_names(
+    registry: accel.AcceleratorRegistry, given: str, mode: str
+) -> None:
+    acc = registry.get_accelerator("cpu", tie_check=given)  # type: ignore[arg-type]
+    assert acc.tie_check == mode
+
+
+@pytest.mark.parametrize("given", [True, None, 1, ["warn"]])
+def test_tie_check_of_another_type_is_a_type_error(
+    registry: accel.AcceleratorRegistry, given: object
+) -> None:
+    with pytest.raises(accel.AcceleratorTypeError, match="tie_check must be a str") as caught:
+        registry.get_accelerator("cpu", tie_check=given)  # type: ignore[arg-type]
+    assert type(given).__name__ in str(caught.value) and repr(given) in str(caught.value)
+
+
+class _IndexedFake(FakeAccelerator):
+    """A fake whose devices differ by index, as a real accelerator's do."""
+
+    @accel.hookimpl
+    def get_device(self, index: int | None) -> torch.device:
+        return torch.device("cpu", index or 0)
+
+
+def test_two_handles_of_one_accelerator_and_device_are_equal_and_hash_alike() -> None:
+    registry = isolated_registry(_IndexedFake("npu", count=2))
+    first, again = registry.get_accelerator("npu"), registry.get_accelerator("NPU")
+    assert first == again and hash(first) == hash(again)
+    # tie_check is a setting of the handle, not what it selects.
+    assert registry.get_accelerator("npu", tie_check="off") == first
+    assert registry.get_accelerator("npu:1") != first  # another device
+    assert registry.get_accelerator("npu:1") == first.for_index(1)
+    assert registry.get_accelerator("cpu") != first
+    other = isolated_registry(_IndexedFake("npu", count=2)).get_accelerator("npu")
+    assert other != first  # another registry's plugin: other hooks
+    assert first != "npu"
+    seen = {first: "a", other: "b"}
+    seen[again] = "c"  # the same key as first
+    assert seen == {first: "c", other: "b"}
+
+
+def test_get_accelerator_cpu_twice_gives_equal_handles() -> None:
+    assert accel.get_accelerator("cpu") == accel.get_accelerator("cpu")

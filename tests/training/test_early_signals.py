@@ -184,3 +184,34 @@ def test_a_signal_the_guard_does_not_watch_still_stops_its_loop() -> None:
     done = run_python(code, env={"SLURM_JOB_ID": "4242"})
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.split() == ["False", "True", "SIGTERM"]
+
+
+@pytest.mark.parametrize(
+    ("env", "noted"),
+    [(OUTSIDE_SLURM, False), ({"SLURM_JOB_ID": "4242"}, True)],
+    ids=["outside-slurm", "under-slurm"],
+)
+def test_an_unrecognised_value_warns_once_and_counts_as_unset(
+    env: dict[str, str | None], noted: bool
+) -> None:
+    # A misspelt switch for signal handling must not keep a run from selecting its
+    # accelerator, the CPU included: it warns, naming the variable, value and choices.
+    code = """
+        import signal, warnings
+        import accel
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            print(accel.get_accelerator("cpu").name)
+            accel.get_accelerator("cpu")   # said once, not at every selection
+        print(len(caught), caught[0].category.__name__)
+        print(caught[0].message)
+        print("noted:", signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL)
+    """
+    done = run_python(code, env={**env, "ACCEL_EARLY_SIGNALS": "maybe"}, check=True)
+    name, count, message, state = done.stdout.strip().splitlines()[-4:]
+    assert name == "cpu"
+    assert count == "1 PluginWarning"
+    assert message.startswith("$ACCEL_EARLY_SIGNALS='maybe' is not a value accel recognises")
+    assert "read as unset" in message
+    assert "one of '1', 'true', 'yes', 'on'" in message and "'0', 'false', 'no', 'off'" in message
+    assert state == f"noted: {noted}"

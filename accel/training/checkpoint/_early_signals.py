@@ -20,7 +20,9 @@ Whether it is installed is ``$ACCEL_EARLY_SIGNALS``: unset (or empty), under SLU
 (``$SLURM_JOB_ID`` set), where every signal that asks a job to stop is followed by
 SIGKILL once ``KillWait`` is over, so a noted signal never leaves a process that cannot
 be stopped; ``1`` everywhere; ``0`` nowhere (the signals keep their default action until
-a guard is entered, as before).
+a guard is entered, as before). Any other value warns (naming the variable, its value and
+the accepted ones) and is read as unset: a misspelt switch for signal handling never
+keeps a run from selecting its accelerator.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ import threading
 from types import FrameType
 from typing import Final
 
-from accel.errors import AcceleratorValueError
+from accel._util import names
+from accel._util.warn import warn_at_caller
+from accel.errors import PluginWarning
 
 __all__ = [
     "DEFAULT_SIGNALS",
     "EARLY_SIGNALS_ENV",
+    "early_signals_problem",
     "note_early_signals",
     "take_early_signal",
 ]
@@ -46,7 +51,7 @@ DEFAULT_SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1)
 
 #: Environment variable: ``1`` notes the signals from the first call into accel on
 #: everywhere, ``0`` nowhere; unset, only under SLURM.
-EARLY_SIGNALS_ENV: Final = "ACCEL_EARLY_SIGNALS"
+EARLY_SIGNALS_ENV: Final = names.EARLY_SIGNALS_ENV
 
 _ON: Final = ("1", "true", "yes", "on")
 _OFF: Final = ("0", "false", "no", "off")
@@ -54,6 +59,8 @@ _OFF: Final = ("0", "false", "no", "off")
 #: The signals noted and not yet taken by a guard, oldest first. A list, since a
 #: handler may run between any two bytecodes: ``append`` and ``pop`` are each atomic.
 _NOTED: Final[list[int]] = []
+#: The unrecognised values of ``$ACCEL_EARLY_SIGNALS`` warned about already.
+_WARNED: Final[set[str]] = set()
 #: Whether this process installed its handlers already (set in the main thread only).
 _installed = False
 
@@ -62,11 +69,12 @@ def note_early_signals() -> None:
     """Note SIGTERM and SIGUSR1 from now on, where ``$ACCEL_EARLY_SIGNALS`` says so and
     their handlers are still the default ones; idempotent and cheap once done.
 
-    :raises AcceleratorValueError: ``$ACCEL_EARLY_SIGNALS`` holds another value.
+    A value of ``$ACCEL_EARLY_SIGNALS`` accel does not recognise warns
+    (:class:`~accel.PluginWarning`) and counts as unset.
     """
     global _installed
 
-    wanted = _wanted()  # read at every call: a bad value is an error wherever it is met
+    wanted = _wanted()  # read at every call: a bad value warns wherever it is met
     if _installed or not wanted:
         return
     if threading.current_thread() is not threading.main_thread():
@@ -90,18 +98,31 @@ def _note(number: int, frame: FrameType | None) -> None:
     _NOTED.append(number)
 
 
+def early_signals_problem() -> str | None:
+    """What is wrong with ``$ACCEL_EARLY_SIGNALS`` (``None``: nothing), for the
+    warning and for ``accel list``."""
+    raw = os.environ.get(EARLY_SIGNALS_ENV, "")
+    value = raw.strip().lower()
+    if not value or value in _ON or value in _OFF:
+        return None
+    return (
+        f"${EARLY_SIGNALS_ENV}={raw!r} is not a value accel recognises, so it is read as "
+        f"unset: SIGTERM and SIGUSR1 are noted from the first call into accel under SLURM "
+        f"only. Set it to one of {', '.join(map(repr, _ON))} to note them everywhere, to "
+        f"one of {', '.join(map(repr, _OFF))} to leave them their default action until "
+        f"preemption_guard() is entered, or unset it."
+    )
+
+
 def _wanted() -> bool:
     raw = os.environ.get(EARLY_SIGNALS_ENV, "")
     value = raw.strip().lower()
-    if not value:
-        return bool(os.environ.get("SLURM_JOB_ID"))
     if value in _ON:
         return True
     if value in _OFF:
         return False
-    raise AcceleratorValueError(
-        f"${EARLY_SIGNALS_ENV}={raw!r} is not a value accel recognises: set it to 1 to "
-        f"note SIGTERM and SIGUSR1 from the first call into accel on, 0 to leave them "
-        f"their default action until preemption_guard() is entered, or unset it to note "
-        f"them under SLURM only"
-    )
+    problem = early_signals_problem()
+    if problem is not None and raw not in _WARNED:
+        _WARNED.add(raw)  # once per value: every selection would repeat it
+        warn_at_caller(problem, PluginWarning)
+    return bool(os.environ.get("SLURM_JOB_ID"))
