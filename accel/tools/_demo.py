@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from accel.registry import AcceleratorRegistry
     from accel.tying import TiedGroup
 
-__all__ = ["DemoReport", "build_tied_language_model", "report_ties", "run_demo"]
+__all__ = ["DemoReport", "build_tied_language_model", "report_ties", "run_demo", "tied_in"]
 
 _UNTIMED_STEPS = 2
 
@@ -89,13 +89,14 @@ def run_demo(
     groups = find_tied_parameters(model)
     count_before = count_unique_parameters(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    # A plugin's model_to_device may return a replacement module: judge (and train)
+    # what the move returned, never the model it was given.
     model = chosen.model_to_device(model, optimizer=optimizer)
     count_after = count_unique_parameters(model)
-    ties_held = all(group.is_tied() for group in groups)
 
     echo(f"accelerator: {chosen.name} ({chosen.spec.description})")
     echo(f"device: {chosen.device}")
-    report_ties(groups, count_before, count_after, echo)
+    ties_held = report_ties(groups, count_before, model, echo)
 
     loader = _demo_loader()
     loss_fn = nn.CrossEntropyLoss()
@@ -126,7 +127,7 @@ def run_demo(
     )
     if chosen.device.type == "xla":
         echo(f"XLA graphs compiled: {_xla_graphs_compiled()} (the same for any --steps)")
-    still_tied = all(group.is_tied() for group in groups)
+    still_tied = all(tied_in(model, group) for group in groups)
     echo(f"ties still held after training: {'yes' if still_tied else 'NO'}")
     return DemoReport(
         accelerator=chosen.name,
@@ -134,7 +135,7 @@ def run_demo(
         count_before=count_before,
         count_after=count_after,
         tied_groups=[group.names for group in groups],
-        ties_held=ties_held and still_tied and count_before == count_after,
+        ties_held=ties_held and still_tied,
         losses=losses,
         seconds_per_step=seconds_per_step,
     )
@@ -143,20 +144,41 @@ def run_demo(
 def report_ties(
     groups: Sequence[TiedGroup],
     count_before: int,
-    count_after: int,
+    moved: nn.Module,
     echo: Callable[[str], None] = print,
 ) -> bool:
     """Say whether each tied group and the unique-parameter count survived a move;
     return whether everything held. The demo and ``accel check`` both report this way.
 
     :param groups: the groups found before the move (:func:`accel.tying.find_tied_parameters`).
+    :param moved: the module the move returned (a plugin may return a replacement),
+        in which each group's slots are looked up by name.
     """
+    count_after = count_unique_parameters(moved)
     echo(f"unique parameters: before move {count_before}, after move {count_after}")
-    for group in groups:
-        echo(f"tied group: {', '.join(group.names)}: {'held' if group.is_tied() else 'BROKEN'}")
-    held = all(group.is_tied() for group in groups) and count_before == count_after
-    echo(f"every tie held: {'yes' if held else 'NO'}")
-    return held
+    held = [tied_in(moved, group) for group in groups]
+    for group, ok in zip(groups, held, strict=True):
+        echo(f"tied group: {', '.join(group.names)}: {'held' if ok else 'BROKEN'}")
+    every = all(held) and count_before == count_after
+    echo(f"every tie held: {'yes' if every else 'NO'}")
+    return every
+
+
+def tied_in(model: nn.Module, group: TiedGroup) -> bool:
+    """Whether ``group``'s slots, looked up by name in ``model``, hold one tensor:
+    ``group.is_tied()`` reads the module the group was found in, which a move that
+    returns a replacement leaves as it was."""
+    tensors = []
+    for name, (_module, _attribute, kind) in zip(group.names, group.slots, strict=True):
+        path, _, attribute = name.rpartition(".")
+        try:
+            owner = model.get_submodule(path)
+        except AttributeError:  # the replacement has no such module: not held
+            return False
+        slots = owner._parameters if kind == "parameter" else owner._buffers
+        tensors.append(slots.get(attribute))
+    first, *rest = tensors
+    return first is not None and all(tensor is first for tensor in rest)
 
 
 def _untimed_note(xla: bool) -> str:

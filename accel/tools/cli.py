@@ -18,6 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from accel._util.names import ACCELERATOR_ENV as _ACCELERATOR_ENV
+from accel._util.names import EARLY_SIGNALS_ENV
 from accel.tools._conformance import add_conformance_command
 
 __all__ = ["main"]
@@ -69,14 +70,14 @@ def _build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser(
         "info", parents=[common], help="details of one accelerator, for bug reports"
     )
-    info.add_argument("name", nargs="?", default=None, help=_DEFAULT_NAME_HELP)
+    info.add_argument("name", metavar="NAME", nargs="?", default=None, help=_DEFAULT_NAME_HELP)
     info.add_argument("--json", action="store_true", help="print JSON for machines")
     info.set_defaults(run=_cmd_info)
 
     demo = commands.add_parser(
         "demo", parents=[common], help="move a tiny tied language model and train it"
     )
-    demo.add_argument("--accelerator", "-a", default=None, help=_DEFAULT_NAME_HELP)
+    demo.add_argument("--accelerator", "-a", metavar="NAME", default=None, help=_DEFAULT_NAME_HELP)
     demo.add_argument("--steps", type=_positive_int, default=20, help="training steps (20)")
     demo.set_defaults(run=_cmd_demo)
 
@@ -84,7 +85,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "check", parents=[common], help="move a model of yours and check its ties"
     )
     check.add_argument("factory", metavar="MODULE:FACTORY", help="callable that builds the model")
-    check.add_argument("--accelerator", "-a", default=None, help=_DEFAULT_NAME_HELP)
+    check.add_argument("--accelerator", "-a", metavar="NAME", default=None, help=_DEFAULT_NAME_HELP)
     check.set_defaults(run=_cmd_check)
 
     add_conformance_command(commands, common)
@@ -205,15 +206,18 @@ def _stdout_to_stderr(enabled: bool) -> Iterator[None]:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     import accel
+    from accel.tools._variables import warn_about_the_variables
 
-    with _stdout_to_stderr(args.json):
+    with _stdout_to_stderr(args.json), warnings.catch_warnings():
+        # Said once, below, with the other variables' problems.
+        warnings.filterwarnings("ignore", message=rf"\${EARLY_SIGNALS_ENV}=")
         # "auto" first: what it passes over while selecting (a plugin whose get_device
         # fails) is then listed with the reason. This process ends after the listing,
         # so the device auto's pick hands out (XLA's) is no side effect for anyone.
         with contextlib.suppress(accel.AcceleratorError):
             accel.get_accelerator("auto")
         infos = accel.list_accelerators()
-        _warn_about_the_default()
+        warn_about_the_variables(_one_line)
     if args.json:
         print(json.dumps([asdict(info) for info in infos], indent=2))
         return EXIT_OK
@@ -246,26 +250,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _warn_about_the_default() -> None:
-    """Say so when ``$ACCEL_ACCELERATOR`` names something ``get_accelerator()`` rejects.
-
-    A typo there (``tpuu``) otherwise goes unnoticed until a training script fails.
-    """
-    import accel
-
-    value = os.environ.get(_ACCELERATOR_ENV, "")
-    if not value.strip():
-        return
-    try:
-        accel.get_accelerator()
-    except Exception as exc:
-        print(
-            f"accel: warning: ${_ACCELERATOR_ENV}={value!r} cannot be used, so "
-            f"accel.get_accelerator() without a name fails: {_one_line(exc)}",
-            file=sys.stderr,
-        )
-
-
 def _versions() -> dict[str, str]:
     import accel
     from accel.plugins._xla_versions import installed_version
@@ -293,7 +277,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
             for sub_key, sub_value in value.items():
                 print(f"  {sub_key}: {sub_value}")
         else:
-            print(f"{key}: {value if value is not None else '-'}")
+            print(f"{key}: {value if value not in (None, '') else '-'}")
     return EXIT_OK
 
 
@@ -301,8 +285,13 @@ def _info_report(name: str | None) -> dict[str, Any]:
     import accel
 
     acc = accel.get_accelerator(name)
+    # Who shipped the plugin, for a bug report: the distribution and its version.
+    provider = next(
+        (info.provider for info in accel.list_accelerators() if info.name == acc.name), None
+    )
     report: dict[str, Any] = {
         "accelerator": acc.name,
+        "provider": provider,
         "description": acc.spec.description,
         "device": str(acc.device),
         "device_count": acc.device_count(),
@@ -384,9 +373,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print(f"  {group.kind}s: {', '.join(group.names)}")
     print(f"moving to {acc.device} ({acc.name})")
     try:
-        model = acc.model_to_device(model)
+        # A plugin's model_to_device may return a replacement module: judge that one.
+        moved = acc.model_to_device(model)
     except accel.WeightTyingError as exc:
         print(f"validation FAILED:\n{exc}")
         return EXIT_CHECK_FAILED
-    passed = report_ties(groups, before, count_unique_parameters(model))
+    passed = report_ties(groups, before, moved)
     return EXIT_OK if passed else EXIT_CHECK_FAILED

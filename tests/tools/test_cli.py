@@ -24,8 +24,9 @@ import torch
 import accel
 import accel.tools._demo
 from accel.tools.cli import main
-from helpers.installing import pip_install_into
+from helpers.installing import pip_install_into, write_distribution
 from helpers.processes import ACCEL_SCRIPT, last_json_line, run_command, run_python
+from helpers.replacing import ReplacingAccelerator
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_PROVIDER = "accel-example-plugin 0.1.0"
@@ -112,7 +113,7 @@ def test_top_level_help(cli: Run) -> None:
     ("command", "expected"),
     [
         ("list", ["usage: accel list", "--json", "--debug"]),
-        ("info", ["usage: accel info", "[name]", "--json", "ACCEL_ACCELERATOR"]),
+        ("info", ["usage: accel info", "[NAME]", "--json", "ACCEL_ACCELERATOR"]),
         ("demo", ["usage: accel demo", "-a", "--steps", "(20)", "$ACCEL_ACCELERATOR, else auto"]),
         ("check", ["usage: accel check", "MODULE:FACTORY", "$ACCEL_ACCELERATOR, else auto"]),
     ],
@@ -345,6 +346,7 @@ def test_info_json(cli: Run) -> None:
     report = json.loads(out)
     assert set(report) == {
         "accelerator",
+        "provider",
         "description",
         "device",
         "device_count",
@@ -759,3 +761,64 @@ def test_list_shows_why_auto_passes_over_a_plugin_whose_get_device_fails(cli: Ru
     assert "get_device failed: PluginError: hook 'get_device'" in rows["npu"]
     assert "chosen by auto" in rows["second"]
     assert out.strip().splitlines()[-1].endswith(": here 'second'.")
+
+
+def test_check_judges_the_module_the_move_returned(cli: Run) -> None:
+    # The plugin's move returns an untied copy; the model it was given stays tied.
+    accel.default_registry().register(ReplacingAccelerator("replacer"))
+    code, out, _ = cli("check", f"{FACTORIES}:tied_model", "-a", "replacer")
+    assert code == 1
+    assert "tied group: embed.weight, head.weight: BROKEN" in out.splitlines()
+    assert "unique parameters: before move 3, after move 4" in out.splitlines()
+    assert out.splitlines()[-1] == "every tie held: NO"
+
+
+_VENDOR_PLUGIN = """
+import accel
+
+@accel.hookimpl
+def register_accelerators():
+    return [accel.AcceleratorSpec("vendorq")]
+
+@accel.hookimpl
+def is_available():
+    return accel.Availability(True, auto=False)
+
+@accel.hookimpl
+def device_count():
+    return 1
+
+@accel.hookimpl
+def get_device(index):
+    import torch
+    return torch.device("cpu")
+"""
+
+
+def test_info_names_the_plugins_distribution_and_version(
+    cli: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # For a bug report: who shipped the accelerator's plugin.
+    write_distribution(
+        tmp_path,
+        "accel-vendorq",
+        group="accel",
+        entry_points={"vendorq": "accel_cli_test_vendorq"},
+        modules={"accel_cli_test_vendorq": _VENDOR_PLUGIN},
+        version="2.3.1",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = cli("info", "vendorq")
+    assert (code, err) == (0, "")
+    assert _info_lines(out)["provider"] == "accel-vendorq 2.3.1"
+    code, out, _ = cli("info", "cpu", "--json")
+    assert json.loads(out)["provider"] == "built-in"
+
+
+def test_help_names_arguments_as_the_docs_do(cli: Run) -> None:
+    code, out, _ = cli("info", "--help")
+    assert code == 0
+    assert "accel info [-h] [--debug] [--json] [NAME]" in " ".join(out.split())
+    for command in ("demo", "check"):
+        _, out, _ = cli(command, "--help")
+        assert "--accelerator NAME, -a NAME" in out

@@ -150,3 +150,53 @@ def test_info_json_lists_the_mismatch(
         "torch_xla 2.9.0 needs torch 2.9.x, but torch 2.13.0 is installed; "
         "to fix: pip install 'torch==2.9.*' 'torch_xla==2.9.*'"
     ]
+
+
+# -- every variable accel reads, checked by `accel list` ---------------------------------
+
+
+@pytest.mark.parametrize("json_output", [False, True])
+def test_list_reports_an_unrecognised_early_signals_value(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, json_output: bool
+) -> None:
+    monkeypatch.setenv("ACCEL_EARLY_SIGNALS", "maybe")
+    code, out, err = cli(capsys, "list", *(["--json"] if json_output else []))
+    assert code == 0
+    (line,) = err.strip().splitlines()  # said once, though selection warns too
+    assert line.startswith(
+        "accel: warning: $ACCEL_EARLY_SIGNALS='maybe' is not a value accel recognises"
+    )
+    assert "'1', 'true', 'yes', 'on'" in line
+    if json_output:
+        assert {row["name"] for row in json.loads(out)} >= {"cpu"}
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("ACCEL_ACCELERATR", "ACCEL_ACCELERATOR"),
+        ("ACCEL_PLUGIN", "ACCEL_PLUGINS"),
+        ("accel_plugins", "ACCEL_PLUGINS"),
+        ("ACCEL_EARLY_SIGNAL", "ACCEL_EARLY_SIGNALS"),
+        ("ACCEL_DISABLE_AUTOLOAD", "ACCEL_DISABLE_PLUGIN_AUTOLOAD"),
+    ],
+)
+def test_list_reports_a_misspelt_variable_name(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str, meant: str
+) -> None:
+    monkeypatch.setenv(name, "1")
+    code, _, err = cli(capsys, "list")
+    assert code == 0
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"accel: warning: ${name} is set, but accel reads no such variable")
+    assert f"did you mean ${meant}?" in line
+
+
+def test_list_leaves_other_accel_prefixed_variables_alone(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A project's own variables (this suite's ACCEL_TIER) are not misspellings.
+    monkeypatch.setenv("ACCEL_TIER", "main")
+    monkeypatch.setenv("ACCEL_HEARTBEAT_S", "5")
+    code, _, err = cli(capsys, "list")
+    assert (code, err) == (0, "")

@@ -11,6 +11,7 @@ import torch
 from accel.tools._demo import run_demo
 from helpers.processes import run_python
 from helpers.registries import isolated_registry
+from helpers.replacing import ReplacingAccelerator
 from helpers.training_fakes import BareAccelerator
 
 
@@ -61,3 +62,15 @@ def test_the_docs_loop_runs_unchanged_on_the_cpu_and_a_third_party_accelerator(
     assert on_cpu == on_bare and on_cpu[-1] < on_cpu[0] / 5
     saved = torch.load(tmp_path / "bare.pt")
     assert set(saved) == {"model", "optimizer"} and saved["optimizer"]["state"]
+
+
+def test_the_demo_judges_the_module_the_move_returned() -> None:
+    # The plugin's move returns an untied copy; the model it was given stays tied.
+    lines: list[str] = []
+    registry = isolated_registry(ReplacingAccelerator("replacer"))
+    report = run_demo("replacer", steps=3, registry=registry, echo=lines.append)
+    assert "tied group: embed.weight, head.weight: BROKEN" in lines
+    assert "every tie held: NO" in lines
+    assert lines[-1] == "ties still held after training: NO"
+    assert report.ties_held is False
+    assert report.count_after == report.count_before + 1  # the head's own weight
