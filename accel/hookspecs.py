@@ -155,9 +155,9 @@ def pre_move_hook(
 ) -> None:
     """Called before a model moves. Remember what you need in ``context.notes``.
 
-    For an accelerator that declares ``unties_weights``, accel records the tied
-    parameter groups after every ``pre_move_hook`` has run. If this or any later
-    step raises, the model is restored (see :meth:`accel.Accelerator.model_to_device`)
+    On a move that unties (torch's rule, see :meth:`accel.Accelerator.tie_check`),
+    accel records the tied groups after every ``pre_move_hook`` has run. If this or
+    any later step raises, the model is restored (see :meth:`accel.Accelerator.model_to_device`)
     and the exception propagates. Example::
 
         @accel.hookimpl
@@ -174,7 +174,8 @@ def model_to_device(
     """Move ``model`` to ``device`` and return it (or the module that replaces it).
 
     *First result*: the built-in fallback, asked last, is ``model.to(device)``, so
-    implement this only to move differently. A wrapper implementation
+    implement this only to move differently. A module returned in the model's place
+    (a copy) gets the ties of before and the optimizers passed to the move. A wrapper implementation
     (``@accel.hookimpl(wrapper=True)``) can time or log every move. Example::
 
         @accel.hookimpl(wrapper=True)
@@ -194,8 +195,8 @@ def post_move_hook(
 ) -> None:
     """Called after the move with the moved model; fix up and validate it here.
 
-    For an accelerator that declares ``unties_weights`` (the TPU does), accel has
-    already re-tied the groups it remembered, called the model's own
+    On a move that unties (to or from XLA, say), accel has already re-tied the
+    groups it remembered on the module ``model_to_device`` returned, called its own
     ``tie_weights()`` and validated. Raise to fail the move: the model is restored
     and the exception reaches the caller. Example::
 
