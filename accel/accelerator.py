@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
-from functools import partial
 from typing import Any, Literal, TypeVar, final, overload
 
 import torch
@@ -17,11 +16,10 @@ from accel._util.notes import add_note
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
 from accel.training.batch import BatchMover
 from accel.training.checkpoint._async_save import PendingSave, wait_for_saves
+from accel.training.checkpoint._load import load_and_restore
 from accel.training.checkpoint._preemption import PreemptionGuard
-from accel.training.checkpoint._rank_generators import own_generators
 from accel.training.checkpoint._rng import host_rng_state, set_host_rng_state
 from accel.training.checkpoint._save import save_checkpoint
-from accel.training.checkpoint._state import checked_path, checked_state, restore_into
 from accel.training.device_loader import DeviceLoader
 from accel.training.precision import full_precision, requested_dtype
 from accel.training.step import (
@@ -71,8 +69,6 @@ class Accelerator:
         #: The :class:`torch.device` models and batches move to, e.g. ``xla:0``.
         self.device = device
         self._tie_check: TieCheck = tie_check
-        if spec.unties_weights:  # from now on, moves leaving this device type keep ties
-            hooks.untying.learn(device.type)
 
     @property
     def name(self) -> str:
@@ -87,10 +83,10 @@ class Accelerator:
         model; ``"warn"`` warns (:class:`accel.TyingWarning`) and keeps the moved model
         with the ties and values it had before the move; ``"off"`` does the same
         silently. Ties the model's ``tie_weights()`` would add, which accel undoes, warn
-        under ``"error"`` too. Only moves that can untie weights check at all: to an
-        accelerator that declares ``unties_weights`` (``tpu``) or from its device type
-        (once a handle of it exists in the registry), and, with the built-in plugins
-        registered, to or from XLA, to ``meta`` and in torch's overwrite mode.
+        under ``"error"`` too. Only moves that untie check at all, as torch's own rule
+        says for their source and target device types (to or from XLA, ``meta`` or a
+        PrivateUse1 backend, any move in torch's overwrite mode), or where the
+        accelerator declares ``unties_weights``; CPU and CUDA moves never do.
         """
         return self._tie_check
 
@@ -146,9 +142,10 @@ class Accelerator:
     ) -> _Model:
         """Move ``model`` to :attr:`device` through the plugins' hooks and return it.
 
-        Runs ``pre_move_hook``, ``model_to_device`` and ``post_move_hook``; for an
-        accelerator that declares ``unties_weights`` (``tpu``) the ties are remembered
-        after the pre hooks and re-tied and validated before the post hooks. If any
+        Runs ``pre_move_hook``, ``model_to_device`` and ``post_move_hook``; on a move
+        that unties (see :attr:`tie_check`) the ties are remembered after the pre hooks
+        and re-tied and validated, on the module the move returned, before the post
+        hooks. If any
         step fails, the model is restored (same objects in every slot, devices,
         storage, ties, gradients, ``requires_grad`` and training mode) and the
         exception is re-raised with a note saying so; tensors a hook changed in place
@@ -441,17 +438,7 @@ class Accelerator:
             in name or shape, or an optimizer's parameter groups (named).
         :raises pickle.UnpicklingError: the file holds objects ``weights_only`` refuses.
         """
-        checked_path("load", path)
-        checked_state(state)
-        stored = own_generators(self._hooks.load(path))  # this rank's generators
-        if state is None:
-            return stored
-        # XLA: one upload of every tensor bound for the device, not one each (without a
-        # restore_to_device hook, load_state_dict copies each into place).
-        move = partial(self._hooks.restore_to_device, device=self.device)
-        remainder = restore_into(stored, state, os.fspath(path), device=self.device, move=move)
-        self.mark_step()  # XLA: the restored tensors become device data in one step
-        return remainder
+        return load_and_restore(path, state, hooks=self._hooks, device=self.device)
 
     def rng_state(self) -> dict[str, Any]:
         """The state of every generator a run draws from: ``"python"``, ``"numpy"``
