@@ -40,7 +40,7 @@ from accel.types import AcceleratorSpec, Availability
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TieGuardPlugin", "TpuPlugin"]
+__all__ = ["TpuPlugin"]
 
 
 def tpu_hardware_present() -> bool:
@@ -174,16 +174,3 @@ class TpuPlugin(XlaTrainingHooks):
     def distributed_backend(self) -> str:
         return "xla"
 
-
-class TieGuardPlugin:
-    """Formerly the TPU plugin's cross-cutting tie guard; it implements no hook now.
-
-    Every move that unties keeps its ties in the move transaction, by torch's own rule
-    (XLA in both directions, ``meta``, torch's overwrite mode, every PrivateUse1
-    backend), so a CPU or GPU move never enters this module. The class stays only
-    while the built-in plugin list (:mod:`accel.plugins`) registers it.
-    """
-
-    @hookimpl
-    def register_accelerators(self) -> list[AcceleratorSpec]:
-        return []  # a plugin needs one hook to be registered; this one declares nothing

@@ -149,6 +149,13 @@ class _RefusesToMove(torch.Tensor):
             raise _PlantedMoveError("the conformance kit's planted failure")
         return super().__torch_function__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        # A move that deep-copies the model (a replacement module) meets the planted
+        # failure too, not torch's own refusal to deep-copy a tensor subclass.
+        if type(self).armed:
+            raise _PlantedMoveError("the conformance kit's planted failure")
+        return super().__deepcopy__(memo)
+
 
 class _FailsToMove(nn.Module):
     """Registered last, so that the other submodules have moved when it fails."""
