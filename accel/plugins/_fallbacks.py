@@ -23,9 +23,11 @@ import torch
 from accel.errors import AcceleratorValueError, PluginError
 from accel.markers import hookimpl
 from accel.training.batch import move_batch
+from accel.training.checkpoint._main_process import save_on_main_process
+from accel.training.checkpoint._read import load_checkpoint
 from accel.training.checkpoint._restoring import copies_host_tensors_in_place
 from accel.training.checkpoint._rng import device_generators_of
-from accel.training.checkpoint._state import cpu_state_dict, load_checkpoint, save_on_main_process
+from accel.training.checkpoint._state import cpu_state_dict
 from accel.training.device_loader import MovingLoader
 from accel.training.memory import unknown
 from accel.training.precision import autocast_to

@@ -15,9 +15,6 @@ from typing import Any
 
 import torch
 
-# Re-exported until accel.plugins._fallbacks imports them from their own modules.
-from accel.training.checkpoint._main_process import save_on_main_process as save_on_main_process
-from accel.training.checkpoint._read import load_checkpoint as load_checkpoint
 from accel.training.nested import map_nested
 
 __all__ = ["cpu_state_dict", "map_tensors", "to_cpu"]
