@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,47 +124,89 @@ def _last_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
-# One start of the two workers serves both promises: the second reads what the first
-# ran (keyed by the run's directory, so that every run starts them afresh).
-_ran: dict[Path, list[dict[str, Any]]] = {}
+# One start of the two workers serves every promise: the others read what the first
+# ran, or the failure it met (keyed by the run's directory, so that every run starts
+# them afresh).
+_ran: dict[Path, list[dict[str, Any]] | AssertionError] = {}
 
 
 def _results(subject: Subject, task: str) -> list[Any]:
     """Each rank's result of ``task``; an error names the rank that failed and how."""
     run_dir = subject.workdir.parent
     if run_dir not in _ran:
-        _ran[run_dir] = _start(subject)
+        try:
+            _ran[run_dir] = _start(subject)
+        except AssertionError as exc:
+            _ran[run_dir] = exc
+    ran = _ran[run_dir]
+    if isinstance(ran, AssertionError):
+        raise AssertionError(str(ran))
     found = []
-    for rank, results in enumerate(_ran[run_dir]):
+    for rank, results in enumerate(ran):
         result = results[task]
         assert not isinstance(result, str), f"rank {rank} failed: {result}"
         found.append(result)
     return found
 
 
+def _stored(workdir: Path, rank: int) -> dict[str, Any] | None:
+    out = workdir / f"rank{rank}.pt"
+    return torch.load(out, weights_only=True) if out.exists() else None
+
+
+def _failed_to_start(workdir: Path, workers: list[subprocess.Popen[bytes]]) -> int | None:
+    """The rank that exited without starting the group: the others wait for it in
+    vain (until the timeout), so the run stops them at once."""
+    for rank, worker in enumerate(workers):
+        if worker.poll() is None:
+            continue
+        stored = _stored(workdir, rank)
+        if stored is None or all(
+            isinstance(result, str) and result.startswith("starting the group")
+            for result in stored.values()
+        ):
+            return rank
+    return None
+
+
 def _start(subject: Subject) -> list[dict[str, Any]]:
     workdir = subject.workdir
     port = _free_port()
     # Fresh interpreters (not multiprocessing's spawn, which would re-run the caller's
-    # main script) that import what this process imports.
+    # main script) that import what this process imports. Their output goes to files:
+    # a pipe nobody reads while both run could fill and stop a worker.
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", __name__, str(rank), subject.requested, str(port), str(workdir)],
-            env=environment,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(WORLD_SIZE)
-    ]
-    outputs = []
+    logs = [workdir / f"rank{rank}.log" for rank in range(WORLD_SIZE)]
+    workers = []
+    for rank, log in enumerate(logs):
+        with log.open("wb") as output:
+            workers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        __name__,
+                        str(rank),
+                        subject.requested,
+                        str(port),
+                        str(workdir),
+                    ],
+                    env=environment,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    failed: int | None = None
+    deadline = time.monotonic() + TIMEOUT_S
     try:
-        for rank, worker in enumerate(workers):
-            try:
-                outputs.append(worker.communicate(timeout=TIMEOUT_S)[0])
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"rank {rank} did not finish within {TIMEOUT_S} s") from None
+        while any(worker.poll() is None for worker in workers):
+            failed = _failed_to_start(workdir, workers)
+            if failed is not None:
+                break
+            if time.monotonic() > deadline:
+                late = next(r for r, w in enumerate(workers) if w.poll() is None)
+                raise AssertionError(f"rank {late} did not finish within {TIMEOUT_S} s")
+            time.sleep(0.1)
     finally:
         for worker in workers:
             if worker.poll() is None:
@@ -171,14 +214,18 @@ def _start(subject: Subject) -> list[dict[str, Any]]:
                 worker.wait()
     found = []
     for rank, worker in enumerate(workers):
-        out = workdir / f"rank{rank}.pt"
-        if worker.returncode != 0 or not out.exists():
-            last = (outputs[rank].strip().splitlines() or [""])[-1] if rank < len(outputs) else ""
+        stored = _stored(workdir, rank)
+        if stored is None and failed is not None and rank != failed:
+            theirs = _stored(workdir, failed)
+            why = next(iter(theirs.values())) if theirs else "it exited"
+            stored = dict.fromkeys(TASKS, f"stopped, as rank {failed} failed {why}")
+        if stored is None:
+            lines = logs[rank].read_text(errors="replace").strip().splitlines()
             raise AssertionError(
                 f"rank {rank} exited with status {worker.returncode} before storing its "
-                f"results: {last}"
+                f"results: {lines[-1] if lines else ''}"
             )
-        found.append(torch.load(out, weights_only=True))
+        found.append(stored)
     return found
 
 
