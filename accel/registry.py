@@ -382,7 +382,9 @@ def _conflict_error(
     holder = conflict.holder
     claimant = _claimant(conflict, specs)
     remedy = (
-        "Register each accelerator once: unregister the registered plugin first "
+        "Give yours another name, or pass override=True to replace the built-in on purpose."
+        if in_code and holder.provider == BUILTIN_PROVIDER
+        else "Register each accelerator once: unregister the registered plugin first "
         "(registry.unregister(plugin)), or pass override=True to replace it on purpose."
         if in_code
         else f"Uninstall one of them, load only one with {PLUGINS_ENV}=..., or, registering "
