@@ -148,10 +148,10 @@ class PluginWarning(UserWarning):
 
     Given when a third-party plugin fails to load (it is skipped and listed by
     ``accel list`` with its error); when ``ACCEL_PLUGINS`` names a plugin that is not
-    installed, or holds only separators (so it allows none); when a
-    boolean variable such as ``ACCEL_DISABLE_PLUGIN_AUTOLOAD`` or ``ACCEL_EARLY_SIGNALS``
-    holds a value that is neither true nor false; and when a plugin claims an alias that a built-in or
-    another plugin holds (the alias is kept by the built-in or left to neither).
+    installed, or holds only separators (so it allows none); when a boolean variable
+    such as ``ACCEL_DISABLE_PLUGIN_AUTOLOAD`` or ``ACCEL_EARLY_SIGNALS`` holds a value
+    that is neither true nor false; and when a plugin claims an alias that a built-in
+    or another plugin holds (the alias is kept by the built-in or left to neither).
     """
 
 
