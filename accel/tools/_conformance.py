@@ -36,7 +36,7 @@ def add_conformance_command(commands: Any, common: argparse.ArgumentParser) -> N
             "pytest from another one does not know --accelerator); this command does not."
         ),
     )
-    conformance.add_argument("name", help="the accelerator to check, e.g. npu")
+    conformance.add_argument("name", metavar="NAME", help="the accelerator to check, e.g. npu")
     conformance.add_argument(
         "--limits",
         metavar="MODULE:OBJECT",
