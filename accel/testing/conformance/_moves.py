@@ -154,7 +154,7 @@ class _RefusesToMove(torch.Tensor):
         # failure too, not torch's own refusal to deep-copy a tensor subclass.
         if type(self).armed:
             raise _PlantedMoveError("the conformance kit's planted failure")
-        return super().__deepcopy__(memo)
+        return super().__deepcopy__(memo)  # type: ignore[no-untyped-call]
 
 
 class _FailsToMove(nn.Module):
