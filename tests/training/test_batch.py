@@ -125,6 +125,26 @@ def test_a_tensor_shared_in_the_batch_stays_shared() -> None:
     assert moved["a"] is moved["b"][0]
 
 
+@pytest.mark.parametrize("kind", [dict, list, tuple])
+def test_a_flat_batch_keeps_a_tensor_it_holds_twice_as_one(kind: type) -> None:
+    # Flat batches of tensors take a fast path; it must keep the walker's promise.
+    shared, other = torch.ones(3), torch.zeros(2)
+    values = [shared, other, shared]
+    batch = dict(zip("abc", values, strict=True)) if kind is dict else kind(values)
+    moved = move_batch(batch, META)
+    items = list(moved.values()) if kind is dict else list(moved)
+    assert type(moved) is kind and all(_on_meta(t) for t in items)
+    assert items[0] is items[2] and items[0] is not items[1]
+
+
+def test_a_flat_batch_with_other_values_or_tensor_subclasses_moves_every_tensor() -> None:
+    parameter = torch.nn.Parameter(torch.ones(2))
+    moved = move_batch({"weight": parameter, "x": torch.ones(1), "n": 1, "s": "text"}, META)
+    assert _on_meta(moved["weight"]) and _on_meta(moved["x"])
+    assert moved["n"] == 1 and moved["s"] == "text"
+    assert move_batch((torch.ones(1), 2), META)[1] == 2
+
+
 def test_self_referential_batch_is_a_clear_error() -> None:
     batch: list[Any] = [torch.ones(1)]
     batch.append(batch)
