@@ -10,7 +10,6 @@ Plugins load on first use, never at ``import accel``.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple, final
@@ -19,16 +18,22 @@ import accel.plugins as builtin_plugins
 import accel.plugins._fallbacks as fallbacks
 from accel._registry.arguments import checked_arguments
 from accel._registry.catalog import BUILTIN_PROVIDER, Catalog, Conflict
+from accel._registry.conflicts import (
+    builtin_conflict_error,
+    conflict_error,
+    warn_builtin_aliases,
+    warn_disputed_alias,
+    without_aliases,
+)
 from accel._registry.declarations import check_plugin_object, declared_specs, plugin_label
 from accel._registry.dispatch import Dispatcher
 from accel._registry.loading import EntryPointLoader
 from accel._registry.selection import Selector
-from accel._util.names import PLUGINS_ENV
-from accel._util.warn import warn_at_caller
-from accel.errors import PluginError, PluginWarning
+from accel.errors import PluginError
 from accel.markers import PROJECT_NAME
+from accel.plugins.torch_device import NO_PLUGIN, privateuse1_name, unclaimed_devices
 from accel.training.checkpoint._early_signals import note_early_signals
-from accel.types import AcceleratorInfo, AcceleratorSpec, PluginFailure, TieCheck
+from accel.types import AcceleratorInfo, PluginFailure, TieCheck
 
 if TYPE_CHECKING:
     from accel.accelerator import Accelerator
@@ -89,6 +94,8 @@ class AcceleratorRegistry:
         # The thread loading the plugins now, so that a plugin using this registry
         # while it is being loaded gets a true error instead of a second load.
         self._loading_thread: int | None = None
+        # The PrivateUse1 name when devices without a plugin were last added.
+        self._privateuse1 = ""
 
     # -- registration ------------------------------------------------------------
 
@@ -148,7 +155,7 @@ class AcceleratorRegistry:
         # A run's first call into accel: from here on (loading plugins may take
         # seconds) a preemption signal is noted for the guard, not fatal.
         note_early_signals()
-        return self._loaded().selector.select(name, tie_check)
+        return self._refreshed().selector.select(name, tie_check)
 
     def distributed_backends(self, name: str) -> dict[str, str]:
         """The :mod:`torch.distributed` backend of each accelerator ``name`` selects, by
@@ -167,7 +174,7 @@ class AcceleratorRegistry:
         """Every registered accelerator, available or not, in ``"auto"`` order
         (highest priority first, then by name); then plugins that failed to load,
         unavailable, with their error."""
-        return self._loaded().selector.rows()
+        return self._refreshed().selector.rows()
 
     def plugin_failures(self) -> list[PluginFailure]:
         """Plugins that failed to load or register, with their errors."""
@@ -218,11 +225,27 @@ class AcceleratorRegistry:
                 )
             )
         )
+        if self._builtins:  # after every plugin: a plugin's own name takes precedence
+            self._add_torch_devices(dispatcher)
         # Returned last: other threads wait on the lock until the registry is whole.
         selector = Selector(
             self._catalog, dispatcher, self._failures, self._lock, default_from_env=self._from_env
         )
         return _Loaded(dispatcher, selector)
+
+    def _add_torch_devices(self, dispatcher: Dispatcher) -> None:
+        self._privateuse1 = privateuse1_name()
+        for plugin in unclaimed_devices(lambda name: bool(self._catalog.candidates(name))):
+            self._add(dispatcher, plugin, f"accel.torch.{plugin.device_type}", NO_PLUGIN)
+
+    def _refreshed(self) -> _Loaded:
+        """:meth:`_loaded`, with a PrivateUse1 backend renamed since then added."""
+        parts = self._loaded()
+        if self._builtins and self._privateuse1 != privateuse1_name():
+            with self._lock:
+                if self._privateuse1 != privateuse1_name():
+                    self._add_torch_devices(parts.dispatcher)
+        return parts
 
     def _reentry_error(self) -> PluginError:
         current = self._loader.current
@@ -257,6 +280,12 @@ class AcceleratorRegistry:
             )
         specs = declared_specs(plugin, label, provider, dispatcher.validator())
         conflicts = self._catalog.conflicts(specs, provider)
+        for conflict in [c for c in conflicts if c.holder.provider == NO_PLUGIN]:
+            # A device's own plugin replaces accel's stand-in for it.
+            dispatcher.remove_plugin(
+                conflict.holder.plugin, self._catalog.remove(conflict.holder.plugin)
+            )
+        conflicts = [c for c in conflicts if c.holder.provider != NO_PLUGIN]
         disputed_aliases: list[Conflict] = []
         dropped_aliases: list[Conflict] = []  # aliases built-ins hold: the plugin loses them
         if conflicts and override:
@@ -264,7 +293,7 @@ class AcceleratorRegistry:
                 dispatcher.remove_plugin(holder, self._catalog.remove(holder))
         elif conflicts:
             if not entry_point:
-                raise _conflict_error(
+                raise conflict_error(
                     conflicts[0], specs, label, provider, {c.name for c in conflicts}, in_code=True
                 )
             # A built-in always keeps its names: an installed plugin cannot take them,
@@ -273,7 +302,7 @@ class AcceleratorRegistry:
             builtin = [c for c in conflicts if c.holder.provider == BUILTIN_PROVIDER]
             for conflict in builtin:
                 if conflict.is_canonical:
-                    raise _builtin_conflict_error(conflict, specs, label, provider)
+                    raise builtin_conflict_error(conflict, specs, label, provider)
             conflicts = [c for c in conflicts if c.holder.provider != BUILTIN_PROVIDER]
             # Two installed distributions claim a name: selecting it then raises, naming
             # both, whichever was installed first. A disputed alias costs neither plugin
@@ -292,10 +321,10 @@ class AcceleratorRegistry:
                 named = {c.name for c in conflicts} | {
                     alias for spec in specs if spec.name in disputed for alias in spec.aliases
                 }
-                raise _conflict_error(canonical[0], specs, label, provider, named)
+                raise conflict_error(canonical[0], specs, label, provider, named)
             disputed_aliases = conflicts
             dropped_aliases = builtin
-        kept = _without_aliases(specs, {c.name for c in dropped_aliases})
+        kept = without_aliases(specs, {c.name for c in dropped_aliases})
         names = [spec.name for spec in kept]
         dispatcher.add_plugin(
             plugin, dispatcher.unique_name(label, plugin), provider, accelerators=names
@@ -304,96 +333,6 @@ class AcceleratorRegistry:
         for conflict in disputed_aliases:
             self._catalog.dispute(conflict.name, [conflict.holder.provider, provider])
         # Warned once registered: each warning says what the registry now holds.
-        _warn_builtin_aliases(specs, dropped_aliases, label, provider)
+        warn_builtin_aliases(specs, dropped_aliases, label, provider)
         for conflict in disputed_aliases:
-            _warn_disputed_alias(conflict, specs, label, provider)
-
-
-def _claimant(conflict: Conflict, specs: list[AcceleratorSpec]) -> str:
-    return next(s.name for s in specs if conflict.name in (s.name, *s.aliases))
-
-
-def _builtin_conflict_error(
-    conflict: Conflict, specs: list[AcceleratorSpec], label: str, provider: str
-) -> PluginError:
-    holder = conflict.holder
-    return PluginError(
-        f"accelerator name {conflict.name!r} belongs to the built-in {holder.spec.name!r}; "
-        f"{_claimant(conflict, specs)!r} from {provider} (plugin {label!r}) claims it too, so "
-        f"that plugin is not registered and the built-in keeps the name. Ask its authors "
-        f"for a name of its own, or, registering in code, pass override=True to replace the "
-        f"built-in on purpose.",
-        conflicting_names=(conflict.name,),
-    )
-
-
-def _without_aliases(specs: list[AcceleratorSpec], dropped: set[str]) -> list[AcceleratorSpec]:
-    if not dropped:
-        return specs
-    return [
-        dataclasses.replace(s, aliases=tuple(a for a in s.aliases if a not in dropped))
-        for s in specs
-    ]
-
-
-def _warn_builtin_aliases(
-    specs: list[AcceleratorSpec], dropped: list[Conflict], label: str, provider: str
-) -> None:
-    holders: dict[str, list[str]] = {}
-    for conflict in dropped:
-        holders.setdefault(conflict.name, []).append(repr(conflict.holder.spec.name))
-    for name, held_by in holders.items():
-        claimant = next(s.name for s in specs if name in s.aliases)
-        warn_at_caller(
-            f"accel plugin {label!r} from {provider} declares the alias {name!r} for "
-            f"{claimant!r}, but the built-in {' and '.join(held_by)} has that alias; the "
-            f"built-in keeps it, and {claimant!r} is registered without it (select it as "
-            f"{claimant!r}). Ask the plugin's authors to drop the alias.",
-            PluginWarning,
-        )
-
-
-def _warn_disputed_alias(
-    conflict: Conflict, specs: list[AcceleratorSpec], label: str, provider: str
-) -> None:
-    warn_at_caller(
-        f"accel plugin {label!r} from {provider} declares the alias {conflict.name!r} for "
-        f"{_claimant(conflict, specs)!r}, but {conflict.holder.spec.name!r} from "
-        f"{conflict.holder.provider} has it too; the alias now selects neither (selecting "
-        f"it raises PluginError naming both), while their own names still work. Uninstall "
-        f"one of them, or load only one with {PLUGINS_ENV}=DISTRIBUTION.",
-        PluginWarning,
-    )
-
-
-def _conflict_error(
-    conflict: Conflict,
-    specs: list[AcceleratorSpec],
-    label: str,
-    provider: str,
-    named: set[str],
-    *,
-    in_code: bool = False,
-) -> PluginError:
-    """:param named: every name of ``specs`` the conflict leaves disputed, for
-    ``conflicting_names`` (in the order the plugin declares them).
-    :param in_code: the second claimant is being registered in code, where installing
-    and ``$ACCEL_PLUGINS`` are beside the point."""
-    holder = conflict.holder
-    claimant = _claimant(conflict, specs)
-    remedy = (
-        "Give yours another name, or pass override=True to replace the built-in on purpose."
-        if in_code and holder.provider == BUILTIN_PROVIDER
-        else "Register each accelerator once: unregister the registered plugin first "
-        "(registry.unregister(plugin)), or pass override=True to replace it on purpose."
-        if in_code
-        else f"Uninstall one of them, load only one with {PLUGINS_ENV}=..., or, registering "
-        f"in code, pass override=True to replace the existing one on purpose."
-    )
-    return PluginError(
-        f"accelerator name {conflict.name!r} is claimed twice: by {holder.spec.name!r} from "
-        f"{holder.provider} and by {claimant!r} from {provider} (plugin {label!r}). {remedy}",
-        conflicting_names=tuple(
-            dict.fromkeys(key for s in specs for key in (s.name, *s.aliases) if key in named)
-        ),
-    )
+            warn_disputed_alias(conflict, specs, label, provider)

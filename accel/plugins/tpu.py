@@ -1,5 +1,9 @@
 """The ``tpu`` accelerator (alias ``xla``), on torch_xla's PJRT runtime.
 
+Where TorchTPU is loaded (its PrivateUse1 backend is named ``tpu``), ``tpu`` is
+TorchTPU's, an accelerator without a plugin (:mod:`accel.plugins.torch_device`), and
+this one answers to ``xla`` alone.
+
 torch_xla is imported only when this accelerator is probed *and* the process is
 configured for it (``PJRT_DEVICE`` set, or TPU hardware present): importing it
 sets ``PJRT_DEVICE`` for the whole process as a side effect, and on a
@@ -41,6 +45,12 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["TpuPlugin"]
+
+
+def torchtpu_loaded() -> bool:
+    """TorchTPU (``torch-tpu``) has renamed PrivateUse1 to ``tpu`` in this process: it
+    then answers to ``tpu``, and torch_xla to ``xla`` alone. A name, not a probe."""
+    return bool(torch._C._get_privateuse1_backend_name() == "tpu")
 
 
 def tpu_hardware_present() -> bool:
@@ -142,6 +152,15 @@ class TpuPlugin(XlaTrainingHooks):
 
     @hookimpl
     def register_accelerators(self) -> list[AcceleratorSpec]:
+        if torchtpu_loaded():  # TorchTPU's device type is "tpu": the name follows the TPU
+            return [
+                AcceleratorSpec(
+                    "xla",
+                    priority=200,
+                    description="TPUs and other PJRT devices via torch_xla ('tpu' is TorchTPU)",
+                    unties_weights=True,
+                )
+            ]
         return [
             AcceleratorSpec(
                 "tpu",
@@ -173,4 +192,3 @@ class TpuPlugin(XlaTrainingHooks):
     @hookimpl
     def distributed_backend(self) -> str:
         return "xla"
-

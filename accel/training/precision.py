@@ -45,6 +45,21 @@ def autocast_to(
     return torch_autocast(accelerator, device, chosen)
 
 
+def backend_amp_dtypes(accelerator: str, device_type: str) -> tuple[torch.dtype, ...]:
+    """The dtypes a PrivateUse1 backend's device module says autocast supports; torch's
+    autocast needs its ``get_amp_supported_dtype``, so without it, a clear refusal."""
+    module = getattr(torch, device_type, None)
+    supported = getattr(module, "get_amp_supported_dtype", None)
+    if not callable(supported):
+        raise AcceleratorValueError(
+            f"accelerator {accelerator!r} cannot autocast: its backend's module "
+            f"torch.{device_type} has no get_amp_supported_dtype(), which torch.autocast "
+            f"needs. Train in full precision (leave autocast out), or ask the backend's "
+            f"authors to add it"
+        )
+    return tuple(supported())
+
+
 #: The two 16-bit floating-point types autocast runs in.
 HALVES: Final = (torch.bfloat16, torch.float16)
 

@@ -1,0 +1,171 @@
+"""Accelerators without a plugin: a device type torch drives and no plugin claims.
+
+A PrivateUse1 backend after its rename (torch-nntile's ``nntile``, torch-opencl's
+``opencl``, TorchTPU's ``tpu``, Ascend's ``npu``) and the device types torch drives
+itself (``xpu``, ``hpu``, ``mtia``) become accelerators named by their device type,
+built from torch's generic calls only: ``torch.get_device_module`` for availability,
+count and generators, ``torch.accelerator`` for the rest (accel's fallbacks),
+``torch.distributed.get_default_backend_for_device`` for the collective backend.
+Whatever a backend refuses is an unknown (``None``) or a reason, never a crash, and
+ties are kept by torch's own rule, as for every device that unties.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, Final
+
+import torch
+import torch.distributed
+
+from accel.markers import hookimpl
+from accel.types import AcceleratorSpec, Availability
+
+__all__ = [
+    "NO_PLUGIN",
+    "PRIORITY",
+    "TorchDevicePlugin",
+    "privateuse1_name",
+    "torch_device_types",
+    "unclaimed_devices",
+]
+
+#: The provider :func:`accel.list_accelerators` shows for these accelerators.
+NO_PLUGIN: Final = "no plugin (torch)"
+#: Their ``"auto"`` rank: above the CPU (0), below every built-in GPU (mps 50, cuda 100).
+PRIORITY: Final = 20
+
+# torch's own names that are never an accelerator of this kind: accel's built-ins
+# (the CPU, CUDA and ROCm, MPS, torch_xla) and the device types that hold no data.
+_NOT_DEVICES: Final = frozenset({"cpu", "cuda", "mps", "xla", "meta", "privateuseone"})
+# Device types torch drives itself, beside the current accelerator and PrivateUse1.
+_IN_TREE: Final = ("xpu", "hpu", "mtia")
+
+
+def torch_device_types() -> list[str]:
+    """The device types torch drives here that are not accel built-ins, in a fixed
+    order: the renamed PrivateUse1 backend first, then torch's current accelerator,
+    then the in-tree types whose device module is loaded and built.
+
+    Asks nothing that initialises a device: names and compile-time answers only.
+    """
+    found: list[str] = [privateuse1_name()]
+    current = getattr(torch, "accelerator", None)
+    if current is not None:
+        try:  # check_available=False: a compile-time answer, no runtime probe
+            reported = current.current_accelerator(check_available=False)
+        except (RuntimeError, TypeError):  # torch 2.6 has no check_available
+            reported = None
+        if reported is not None:
+            found.append(reported.type)
+    found += [name for name in _IN_TREE if _module_built(name)]
+    return [
+        name for i, name in enumerate(found) if name not in _NOT_DEVICES and name not in found[:i]
+    ]
+
+
+def privateuse1_name() -> str:
+    """The PrivateUse1 backend's name now: a backend imported late renames it."""
+    return str(torch._C._get_privateuse1_backend_name())
+
+
+def unclaimed_devices(claimed: Callable[[str], bool]) -> list[TorchDevicePlugin]:
+    """A stand-in plugin for each device type torch drives that no accelerator claims
+    (``claimed(name)``: a registered accelerator answers to that name or alias)."""
+    return [TorchDevicePlugin(t) for t in torch_device_types() if not claimed(t)]
+
+
+def _module_built(device_type: str) -> bool:
+    module = getattr(torch, device_type, None)  # torch.hpu exists once habana loads
+    if module is None:
+        return False
+    compiled = getattr(module, "_is_compiled", None)
+    return bool(compiled()) if callable(compiled) else True
+
+
+def _device_module(device_type: str) -> Any:
+    try:
+        return torch.get_device_module(device_type)
+    except (RuntimeError, AttributeError):  # no module registered for the type
+        return None
+
+
+def _ask(module: Any, name: str) -> Any:
+    """``module.name()``, or ``None`` where the backend has no such call or refuses it."""
+    call = getattr(module, name, None)
+    if not callable(call):
+        return None
+    try:
+        return call()
+    except Exception:  # a backend's refusal (internal asserts included) is an unknown
+        return None
+
+
+class TorchDevicePlugin:
+    """The accelerator of one device type torch drives, from torch's generic calls."""
+
+    def __init__(self, device_type: str) -> None:
+        #: The device type, which is also the accelerator's name.
+        self.device_type = device_type
+
+    def __repr__(self) -> str:
+        return f"TorchDevicePlugin({self.device_type!r})"
+
+    @hookimpl
+    def register_accelerators(self) -> list[AcceleratorSpec]:
+        return [
+            AcceleratorSpec(
+                self.device_type,
+                priority=PRIORITY,
+                description=f"{self.device_type} devices torch drives (no accel plugin)",
+            )
+        ]
+
+    @hookimpl
+    def is_available(self) -> Availability:
+        module = _device_module(self.device_type)
+        if module is None:
+            return Availability(
+                False,
+                reason=f"torch names the device type {self.device_type!r} but registered "
+                f"no torch.{self.device_type} module for it",
+                remedy=f"import the backend that provides {self.device_type!r} (its "
+                f"package registers torch.{self.device_type})",
+            )
+        available = _ask(module, "is_available")
+        count = _ask(module, "device_count")
+        if available is False or count == 0:
+            return Availability(
+                False,
+                reason=f"torch.{self.device_type} reports no usable device",
+                remedy=f"check the {self.device_type} driver and its visibility settings",
+            )
+        return Availability(True)
+
+    @hookimpl
+    def device_count(self) -> int:
+        count = _ask(_device_module(self.device_type), "device_count")
+        return count if isinstance(count, int) and not isinstance(count, bool) else 1
+
+    @hookimpl
+    def get_device(self, index: int | None) -> torch.device:
+        return torch.device(self.device_type, 0 if index is None else index)
+
+    @hookimpl
+    def distributed_backend(self) -> str:
+        ask = getattr(torch.distributed, "get_default_backend_for_device", None)
+        try:
+            return "gloo" if ask is None else str(ask(self.device_type))
+        except (ValueError, RuntimeError):  # no backend registered for the device type
+            return "gloo"
+
+    @hookimpl
+    def compile_backend(self) -> str | None:
+        # A backend registering a torch.compile backend named after its device type
+        # (TorchTPU's "tpu") knows best; it registered it through torch._dynamo, so
+        # without torch._dynamo loaded there is none. Else accel's fallback decides.
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is not None and self.device_type in dynamo.list_backends(exclude_tags=()):
+            return self.device_type
+        return None
