@@ -22,14 +22,7 @@ import torch.distributed
 from accel.markers import hookimpl
 from accel.types import AcceleratorSpec, Availability
 
-__all__ = [
-    "NO_PLUGIN",
-    "PRIORITY",
-    "TorchDevicePlugin",
-    "privateuse1_name",
-    "torch_device_types",
-    "unclaimed_devices",
-]
+__all__ = ["TorchDevicePlugin", "torch_device_types"]
 
 #: The provider :func:`accel.list_accelerators` shows for these accelerators.
 NO_PLUGIN: Final = "no plugin (torch)"
