@@ -20,7 +20,7 @@ from accel._core.optimizers import check_optimizers_hold
 from accel._util.notes import add_note
 from accel.errors import AcceleratorTypeError
 from accel.training.step import follow_moved_parameters
-from accel.tying._capture import RestorePoint
+from accel.tying._capture import RestorePoint, unchanged_by_torch_move
 from accel.tying._keeping import KeptMove
 from accel.types import AcceleratorSpec, MoveContext, TieCheck
 
@@ -65,6 +65,23 @@ def _move(
 ) -> _Model:
     """The move transaction: one capture, one decision, the hooks in order, the ties
     finished on the module the move returned, everything undone on failure."""
+    if (
+        not optimizers
+        and not spec.unties_weights
+        and _only_torch_moves(hooks)
+        and unchanged_by_torch_move(model, device)
+    ):
+        # Already there, and only torch's own .to() runs: nothing can change, so there
+        # is nothing to capture or undo (the capture costs half as much as the .to()).
+        context = MoveContext(spec.name, device, tie_check)
+        try:
+            hooks.pre_move_hook(model, device, context)
+            moved = hooks.model_to_device(model, device, context)
+            hooks.post_move_hook(moved, device, context)
+            return moved  # type: ignore[return-value]
+        except BaseException as exc:
+            add_note(exc, _restored_note(device, []))
+            raise
     capture = RestorePoint(model)  # the one capture: the undo and the tie groups
     if optimizers:
         check_optimizers_hold(optimizers, model, capture.parameter_ids())
@@ -87,6 +104,16 @@ def _move(
         add_note(exc, _restored_note(device, capture.restore()))
         raise
     return moved  # type: ignore[return-value]
+
+
+def _only_torch_moves(hooks: AcceleratorHooks) -> bool:
+    """Whether no plugin takes part in a move: no ``pre_move_hook`` or ``post_move_hook``,
+    and ``model_to_device`` is accel's fallback, torch's ``model.to(device)``."""
+    return not (
+        hooks.answered_by_plugin("model_to_device")
+        or hooks.answered_by_plugin("pre_move_hook")
+        or hooks.answered_by_plugin("post_move_hook")
+    )
 
 
 # -- the decision: torch's own rule ---------------------------------------------------

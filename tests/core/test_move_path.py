@@ -1,5 +1,6 @@
 """How far a move goes into accel: a CPU -> CPU move of a tied model enters few modules,
-and none of the TPU plugin's (issue 38: CPU and GPU moves do not pay for tying)."""
+and none of the TPU plugin's (issue 38: CPU and GPU moves do not pay for tying); a move
+that cannot change anything takes no capture, and every other move takes one."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+import pytest
+import torch
+
 import accel
+from accel._core import moving
+from accel.tying._capture import RestorePoint
 from helpers.models import TiedLM
+from helpers.registries import isolated_registry
+from helpers.strategies import torch_future_flag
 
 #: The most accel modules a CPU -> CPU move may enter: the handle, the move, the
 #: capture, the hook caller, the fallback and the move's context type.
@@ -46,3 +54,90 @@ def test_a_cpu_move_of_a_tied_model_enters_few_accel_modules(
     ), entered
     assert len(entered) <= MOST_MODULES, ", ".join(sorted(entered))
     assert model.head.weight is model.embed.weight
+
+
+class _CountedCaptures:
+    """Counts the captures (restore points) moves take, by wrapping the real one."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.taken = 0
+        real = moving.RestorePoint
+
+        def counted(model: torch.nn.Module) -> RestorePoint:
+            self.taken += 1
+            return real(model)
+
+        monkeypatch.setattr(moving, "RestorePoint", counted)
+
+
+class _ReplacesItsWeightThenFails(torch.nn.Linear):
+    """A module whose own ``_apply`` changes a slot, then fails: user code in the move."""
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        self.weight = torch.nn.Parameter(torch.zeros_like(self.weight))
+        raise RuntimeError("planted failure in _apply")
+
+
+class _PostMoveHook:
+    @accel.hookimpl
+    def post_move_hook(self, model: torch.nn.Module) -> None:
+        pass
+
+
+def test_a_move_that_cannot_change_anything_takes_no_capture(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Already on the CPU, only torch's .to(): each tensor's .to() returns itself.
+    cpu = registry.get_accelerator("cpu")
+    model = TiedLM()
+    model(torch.zeros(1, 3, dtype=torch.long)).sum().backward()
+    parameters = list(model.parameters())
+    captures = _CountedCaptures(monkeypatch)
+    assert cpu.model_to_device(model) is model
+    assert captures.taken == 0
+    assert list(model.parameters()) == parameters
+    assert model.head.weight is model.embed.weight
+
+
+def test_a_move_where_user_code_runs_is_captured_and_undone(
+    registry: accel.AcceleratorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cpu = registry.get_accelerator("cpu")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), _ReplacesItsWeightThenFails(2, 2))
+    weight = model[1].weight
+    captures = _CountedCaptures(monkeypatch)
+    with pytest.raises(RuntimeError, match="planted failure") as failed:
+        cpu.model_to_device(model)
+    assert captures.taken == 1
+    assert model[1].weight is weight
+    assert "restored" in "".join(getattr(failed.value, "__notes__", []))
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["a plugin's move hook", "a buffer elsewhere", "a tensor subclass", "optimizer=", "swap mode"],
+)
+def test_a_move_that_may_change_something_is_captured(
+    why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = isolated_registry(*([_PostMoveHook()] if why == "a plugin's move hook" else []))
+    cpu = registry.get_accelerator("cpu")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    optimizer = None
+    if why == "a buffer elsewhere":
+        model.register_buffer("stat", torch.zeros(1, dtype=torch.float64).to("meta"))
+    elif why == "a tensor subclass":
+        model.register_buffer("stat", _Marked(torch.zeros(1)))
+    elif why == "optimizer=":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    captures = _CountedCaptures(monkeypatch)
+    with torch_future_flag("swap_module_params_on_conversion", why == "swap mode"):
+        try:
+            cpu.model_to_device(model, optimizer=optimizer)
+        except NotImplementedError:  # a meta tensor cannot be copied to the CPU
+            assert why == "a buffer elsewhere"
+    assert captures.taken == 1
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass: its .to() is not torch's plain one."""
