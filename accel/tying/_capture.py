@@ -206,9 +206,8 @@ def _pointer(tensor: torch.Tensor, plain: tuple[type, ...]) -> int:
 
 
 @functools.cache
-def _plain_types() -> tuple[type, type]:
-    # Parameter first: unchanged_by_torch_move unpacks them in this order.
-    return (torch.nn.Parameter, torch.Tensor)
+def _plain_types() -> tuple[type, ...]:
+    return (torch.Tensor, torch.nn.Parameter)
 
 
 # torch's own implementations, which unchanged_by_torch_move reasons about.
@@ -233,7 +232,7 @@ def unchanged_by_torch_move(model: nn.Module, device: torch.device) -> bool:
         or type(model).to is not _MODULE_TO
     ):
         return False
-    parameter_type, tensor_type = _plain_types()
+    parameter_type, tensor_type = torch.nn.Parameter, torch.Tensor
     visited: set[int] = set()
     stack = [model]
     while stack:
