@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+import accel
 from accel.testing.conformance._catalog import Subject, promise
 
 __all__ = ["PROMISES"]
@@ -105,6 +106,68 @@ def device_loader(subject: Subject) -> None:
             _compare(got, expected, acc.device.type, f"epoch {epoch}, batch {index}")
 
 
+class _SeesBatchMoves:
+    """A cross-cutting plugin (it declares no accelerator, so its hooks run for every
+    one) whose ``batch_to_device`` notes each batch's number and lets the next plugin
+    move it: a user's logging plugin, say, which ``device_loader`` must not bypass."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @accel.hookimpl
+    def batch_to_device(self, batch: Any) -> None:
+        number = batch[1] if isinstance(batch, tuple) and len(batch) == 2 else None
+        if isinstance(number, torch.Tensor):
+            self.seen.append(int(number.to("cpu").item()))
+
+
+@promise(
+    "batches.device_loader_uses_move",
+    "device_loader passes every batch through move, so every plugin's batch_to_device "
+    "runs for each batch, on every epoch",
+)
+def device_loader_uses_move(subject: Subject) -> None:
+    acc = subject.accelerator
+    batches = [(torch.full((2, 2), float(i)), torch.tensor([i])) for i in range(4)]
+    seeing = _SeesBatchMoves()
+    subject.registry.register(seeing, "accel-conformance-sees-batch-moves")
+    try:
+        loader = acc.device_loader(batches)
+        for epoch in range(2):
+            seeing.seen.clear()
+            for _ in loader:
+                pass
+            assert sorted(seeing.seen) == list(range(len(batches))), (
+                f"epoch {epoch}: of batches {list(range(len(batches)))} only "
+                f"{sorted(seeing.seen)} passed through move: device_loader must call move "
+                "(the handle's batch_to_device) on every batch, or other plugins' batch "
+                "hooks never run"
+            )
+    finally:
+        subject.registry.unregister(seeing)
+
+
+@promise(
+    "batches.on_device_unchanged",
+    "batch_to_device returns a tensor already on the device as it is: the same object, no copy",
+)
+def on_device_unchanged(subject: Subject) -> None:
+    acc = subject.accelerator
+    tensor = torch.arange(4, dtype=torch.float32).to(acc.device)
+    nested = torch.ones(2, dtype=torch.int64).to(acc.device)
+    moved = acc.batch_to_device({"inputs": tensor, "nested": [nested]})
+    for path, got, original in (
+        ("batch['inputs']", moved["inputs"], tensor),
+        ("batch['nested'][0]", moved["nested"][0], nested),
+        ("batch (a bare tensor)", acc.batch_to_device(tensor), tensor),
+    ):
+        assert got is original, (
+            f"{path}: batch_to_device gave another tensor for one already on "
+            f"{original.device} (a copy on every step; device_loader's batches may already "
+            "be on the device): return it unchanged"
+        )
+
+
 class _RefusesToMove(torch.Tensor):
     """A tensor whose ``to`` fails: a batch the device refuses (torch-opencl refuses a
     non-contiguous one)."""
@@ -137,4 +200,10 @@ def failure_named(subject: Subject) -> None:
         raise AssertionError("a batch with a tensor that cannot move was moved")
 
 
-PROMISES = (every_tensor_moved, device_loader, failure_named)
+PROMISES = (
+    every_tensor_moved,
+    on_device_unchanged,
+    device_loader,
+    device_loader_uses_move,
+    failure_named,
+)

@@ -1,5 +1,6 @@
 """Promises of two processes on the accelerator's distributed backend: an all-reduce,
-a DDP step equal to the same step in one process, and accumulation under no_sync.
+a DDP step equal to the same step in one process, accumulation under no_sync, and a save
+that only the main process writes.
 
 The two workers are fresh interpreters that select the accelerator by name from accel's
 default registry, as a launched job would: the plugin must be installed (an entry
@@ -13,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +48,7 @@ def _free_port() -> int:
 
 
 #: What the workers check, in this order, in one start of the two processes.
-TASKS = ("all_reduce", "ddp_step", "no_sync")
+TASKS = ("all_reduce", "ddp_step", "no_sync", "save")
 
 
 def _all_reduce(rank: int, acc: Any) -> dict[str, torch.Tensor]:
@@ -92,6 +95,26 @@ def _no_sync(rank: int, acc: Any) -> dict[str, Any]:
     return found
 
 
+#: Seconds rank 0 waits before it saves: a rank 1 that writes (or returns before the
+#: file is complete) then shows in what it reads back right after its own save.
+SAVE_DELAY_S = 1.0
+
+
+def _save(rank: int, acc: Any, workdir: Path) -> dict[str, torch.Tensor]:
+    """Both ranks save to one path, each its own rank number; each reads the file back
+    as soon as its save returns (-1: no file yet)."""
+    path = workdir / "checkpoint.pt"
+    if rank == 0:
+        time.sleep(SAVE_DELAY_S)
+    try:
+        weights = torch.full((2,), float(rank), device=acc.device)
+        acc.save({"writer": rank, "weights": weights}, path)
+        seen = torch.load(path, weights_only=True)["writer"] if path.exists() else -1
+    finally:
+        torch.distributed.barrier()  # neither rank leaves while the other may still read
+    return {"writer": torch.tensor(seen)}
+
+
 def _worker(rank: int, name: str, port: int, workdir: str) -> None:
     """One rank: start the group through accel, run every task, store what each found
     (its tensors, or the error's last line) for the parent."""
@@ -107,7 +130,13 @@ def _worker(rank: int, name: str, port: int, workdir: str) -> None:
     try:
         context = adist.init_process_group(name, timeout=TIMEOUT_S)
         try:
-            for task, check in zip(TASKS, (_all_reduce, _ddp_step, _no_sync), strict=True):
+            checks: tuple[Callable[[int, Any], Any], ...] = (
+                _all_reduce,
+                _ddp_step,
+                _no_sync,
+                partial(_save, workdir=Path(workdir)),
+            )
+            for task, check in zip(TASKS, checks, strict=True):
                 try:
                     results[task] = check(rank, context.accelerator)
                 except Exception as exc:
@@ -287,7 +316,27 @@ def no_sync(subject: Subject) -> None:
         assert_close(result["model"], cpu_reference_step(inputs, targets), f"rank {rank}")
 
 
-PROMISES = (all_reduce, ddp_step, no_sync)
+@promise(
+    "distributed.save_on_main_process",
+    "in a job of two processes only the main one writes a save, and each returns once "
+    "the file is complete",
+    needs=("distributed",),
+)
+def save_on_main_process(subject: Subject) -> None:
+    for rank, result in enumerate(_results(subject, "save")):
+        writer = int(result["writer"])
+        assert writer != -1, (
+            f"rank {rank}: save returned before the main process had written the file "
+            "(every process returns once the file is complete)"
+        )
+        assert writer == 0, (
+            f"rank {rank} read back the file rank {writer} saved: only the main process "
+            "(rank 0) of a distributed job may write a save (as "
+            "accel.training.checkpoint.save_on_main_process does)"
+        )
+
+
+PROMISES = (all_reduce, ddp_step, no_sync, save_on_main_process)
 
 
 if __name__ == "__main__":  # one worker: RANK NAME PORT WORKDIR

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
 from accel.errors import AcceleratorUnavailableError
 from accel.testing.conformance._catalog import Subject, promise
 
@@ -31,6 +35,53 @@ def by_name(subject: Subject) -> None:
         assert chosen.name == acc.name or alias in chosen.spec.aliases, (
             f"alias {alias!r} selected {chosen.name!r}, which does not declare it"
         )
+
+
+def _torch_state() -> dict[str, Any]:
+    """What an availability probe must leave as it was, as torch's public API shows it
+    (the PrivateUse1 name has no public getter: torch's own accessor reads it)."""
+    return {
+        "the host generator's state": torch.get_rng_state(),
+        "the host generator's seed": torch.initial_seed(),
+        "the default device": torch.get_default_device(),
+        "the default dtype": torch.get_default_dtype(),
+        "CUDA initialised": torch.cuda.is_initialized(),  # type: ignore[no-untyped-call]
+        "the PrivateUse1 backend's name": torch._C._get_privateuse1_backend_name(),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "the host's thread count": torch.get_num_threads(),
+    }
+
+
+def _changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    return [
+        f"{what} ({before[what]!r} became {after[what]!r})"
+        if not isinstance(before[what], torch.Tensor)
+        else what
+        for what in before
+        if not (
+            torch.equal(before[what], after[what])
+            if isinstance(before[what], torch.Tensor)
+            else before[what] == after[what]
+        )
+    ]
+
+
+@promise(
+    "selection.is_available_pure",
+    "is_available gives the same answer when asked again and leaves torch's state as it "
+    "was: generators, default device and dtype, initialised runtimes, PrivateUse1 name",
+)
+def is_available_pure(subject: Subject) -> None:
+    acc = subject.accelerator
+    before = _torch_state()
+    answers = [acc.is_available() for _ in range(3)]
+    changed = _changed(before, _torch_state())
+    assert not changed, (
+        f"is_available() changed {', '.join(changed)}: the hook runs whenever anyone lists "
+        'accelerators or asks for "auto", so it must be side-effect free (declare '
+        "AcceleratorSpec(..., probing_initialises=True) where probing must initialise)"
+    )
+    assert answers == [True] * 3, f"is_available() asked three times answered {answers}"
 
 
 @promise(
@@ -69,4 +120,4 @@ def distributed_backend(subject: Subject) -> None:
     assert backend, "distributed_backend is ''"
 
 
-PROMISES = (by_name, count_and_index, distributed_backend)
+PROMISES = (by_name, is_available_pure, count_and_index, distributed_backend)
