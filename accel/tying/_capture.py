@@ -232,30 +232,33 @@ def unchanged_by_torch_move(model: nn.Module, device: torch.device) -> bool:
         or type(model).to is not _MODULE_TO
     ):
         return False
-    parameter_type, tensor_type = torch.nn.Parameter, torch.Tensor
+    parameter_type = torch.nn.Parameter
     visited: set[int] = set()
-    stack = [model]
+    stack: list[nn.Module | None] = [model]
     while stack:
         module = stack.pop()
-        if id(module) in visited:
+        if module is None or id(module) in visited:
             continue
         visited.add(id(module))
         if type(module)._apply is not _MODULE_APPLY:
             return False
         registries = module.__dict__
         for parameter in registries["_parameters"].values():
-            if parameter is None:
-                continue
-            if type(parameter) is not parameter_type or parameter.device != device:
-                return False
-            grad = parameter.grad
-            if grad is not None and (type(grad) is not tensor_type or grad.device != device):
+            if parameter is not None and (
+                type(parameter) is not parameter_type
+                or parameter.device != device
+                or ((grad := parameter.grad) is not None and not _stays(grad, device))
+            ):
                 return False
         for buffer in registries["_buffers"].values():
-            if buffer is not None and (type(buffer) is not tensor_type or buffer.device != device):
+            if buffer is not None and not _stays(buffer, device):
                 return False
-        stack.extend(child for child in registries["_modules"].values() if child is not None)
+        stack.extend(registries["_modules"].values())
     return True
+
+
+def _stays(tensor: torch.Tensor, device: torch.device) -> bool:
+    return type(tensor) is torch.Tensor and tensor.device == device
 
 
 class RestorePoint:
