@@ -13,9 +13,21 @@ Every hook receives ``accelerator``, the canonical name of the selected
 accelerator, so one plugin can serve several. An implementation may accept any
 subset of a hook's arguments, in any order (pluggy matches them by name).
 
-Hooks marked *first result* stop at the first implementation that returns
-something other than ``None``; plugins registered later are asked first, and the
-built-in fallbacks are asked last.
+pluggy makes every call: wrappers, ``tryfirst``/``trylast`` and first results as it
+documents them. Hooks marked *first result* stop at the first implementation that
+returns something other than ``None``; plugins registered later are asked first, and
+accel's fallbacks are asked last.
+
+**The rule for action hooks.** ``optimizer_step``, ``mark_step``, ``synchronize``,
+``manual_seed``, ``save`` and ``set_rng_state`` *do* something. Each is done by exactly
+one plain implementation: the plugin's where one has it (then accel's fallback is left
+out of the call), else accel's fallback. What it returns is the call's value
+(``optimizer_step``'s is the step's, ``None`` included; the others' is ignored). To add
+work before or after the action, implement it as a wrapper
+(``@accel.hookimpl(wrapper=True)``: code before and after ``yield``, which returns the
+action's value). Two plugins with plain implementations of one action hook for one
+accelerator cannot be registered together: the second raises :class:`~accel.PluginError`
+naming both.
 """
 
 from __future__ import annotations
@@ -83,19 +95,11 @@ def register_accelerators() -> Iterable[AcceleratorSpec]:
 def is_available(accelerator: str) -> Availability | None:
     """Say whether ``accelerator`` can be used in this process, and if not, why.
 
-    Must be cheap and side-effect free: it runs for every accelerator whenever
-    anyone lists accelerators or asks for ``"auto"``. Never initialise a device
-    runtime here (CUDA must stay uninitialised so the process can still fork).
-    Exceptions are caught by the registry and reported as unavailability.
-
-    A backend that can only tell by initialising (torch-opencl counts its devices by
-    setting up OpenCL) declares ``AcceleratorSpec(..., probing_initialises=True)``:
-    then listing and ``"auto"`` do not call this hook (the accelerator is listed as
-    not probed, and ``"auto"`` passes it over) until it is selected by name
-    (``get_accelerator("opencl")``, or ``$ACCEL_ACCELERATOR``), which probes it; from
-    then on, in that registry, it is listed and may be picked as any other.
-
-    *First result.* Example::
+    Cheap and side-effect free: it runs whenever anyone lists accelerators or asks for
+    ``"auto"``; never initialise a device runtime here (CUDA must stay uninitialised).
+    An exception is reported as unavailability. A backend that can only tell by
+    initialising declares ``AcceleratorSpec(..., probing_initialises=True)``: then it
+    is probed only once selected by name. *First result.* Example::
 
         @accel.hookimpl
         def is_available():
@@ -239,20 +243,13 @@ def optimizer_step(
     device: torch.device,
     scaler: torch.amp.GradScaler | None,
 ) -> Any:
-    """Step ``optimizer`` (with ``closure`` when given) the way this accelerator needs.
+    """Step ``optimizer`` (with ``closure`` when given); return the step's value.
 
-    *First result*: the built-in fallback, asked last, is ``optimizer.step(closure)``
-    and returns what it returns; with a ``scaler`` (float16 loss scaling, see
-    :func:`grad_scaler`) it is ``scaler.step(optimizer)`` then ``scaler.update()``.
-    A plugin that steps itself must honour ``scaler`` the same way. Most plugins do
-    their work *around* that step, as a wrapper: the TPU plugin reduces gradients
-    across replicas before it (those :func:`clip_grad_norm_` reduced excepted) and
-    marks the XLA step after it (inside a ``device_loader`` loop, at the next batch).
-    A ``closure`` computes the gradients inside the step: work on them belongs after
-    each call of it (the TPU plugin steps with a closure that reduces after yours).
-    A plain implementation that returns ``None`` lets the fallback step; one that
-    steps itself must return a value other than ``None`` (or the fallback steps a
-    second time), so prefer a wrapper. Example::
+    *Action hook.* The fallback is ``optimizer.step(closure)``, or with a ``scaler``
+    ``scaler.step(optimizer)`` then ``scaler.update()``. A plain implementation
+    replaces it and must honour ``closure`` and ``scaler`` the same way (the TPU
+    plugin's reduces gradients across replicas, steps, and marks the XLA step).
+    Work around the step is a wrapper. Example::
 
         @accel.hookimpl(wrapper=True)
         def optimizer_step(optimizer):
@@ -337,8 +334,12 @@ def compile_backend(accelerator: str, device: torch.device) -> str | Callable[..
     """Name the ``torch.compile`` backend for this accelerator: a registered backend
     name (``torch._dynamo.list_backends()``) or a backend callable.
 
-    *First result*: the fallback is ``"inductor"`` (the CPU and CUDA); the TPU
-    plugin answers ``"openxla"``. Example::
+    *First result*: the fallback is ``"inductor"``; the TPU plugin answers
+    ``"openxla"``. Where the answer is ``"inductor"`` (the fallback's too) and inductor
+    has no backend for the device type, accel compiles with ``"aot_eager"`` and warns
+    once (``PluginWarning``). To get inductor there, register a backend with
+    ``torch._inductor.codegen.common.register_backend_for_device``, or answer another
+    backend here. Example::
 
         @accel.hookimpl
         def compile_backend():
@@ -347,12 +348,12 @@ def compile_backend(accelerator: str, device: torch.device) -> str | Callable[..
     raise NotImplementedError
 
 
-@hookspec
+@hookspec(firstresult=True)
 def mark_step(accelerator: str, device: torch.device) -> None:
     """Cut the pending lazy graph and send it to the device (a step boundary).
 
-    Every implementation runs; the fallback does nothing, right for any eager
-    device. The TPU plugin calls ``torch_xla.sync()``. Example::
+    *Action hook*: the fallback does nothing, right for any eager device; the TPU
+    plugin calls ``torch_xla.sync()``. Example::
 
         @accel.hookimpl
         def mark_step(device):
@@ -362,36 +363,29 @@ def mark_step(accelerator: str, device: torch.device) -> None:
 
 
 @hookspec(firstresult=True)
-def synchronize(accelerator: str, device: torch.device) -> bool | None:
-    """Block until ``device`` has finished the work queued on it so far; return ``True``.
+def synchronize(accelerator: str, device: torch.device) -> None:
+    """Block until ``device`` has finished the work queued on it so far.
 
-    *First result*: a plugin that returns ``True`` has answered, and accel's fallback
-    does not run (return ``True`` where your backend cannot synchronise, too). The
-    fallback calls ``torch.accelerator.synchronize`` for a device type torch drives
-    itself (``torch.accelerator``: XPU, HPU, a ``privateuse1`` backend; never the CPU
-    or CUDA) and otherwise does nothing; where the backend refuses
-    (``RuntimeError``/``NotImplementedError``, as torch-opencl's "Backend doesn't
-    support synchronizing events"), it returns without waiting and never raises: such
-    a backend finishes each operation before returning. Example::
+    *Action hook*: the fallback calls ``torch.accelerator.synchronize`` for a device
+    type torch drives itself (never the CPU or CUDA), and returns without waiting where
+    there is nothing to wait for or the backend refuses (torch-opencl); it never
+    raises. Example::
 
         @accel.hookimpl
         def synchronize(device):
             torch.npu.synchronize(device)
-            return True
     """
     raise NotImplementedError
 
 
-@hookspec
+@hookspec(firstresult=True)
 def manual_seed(accelerator: str, seed: int, device: torch.device) -> None:
     """Seed the random number generators of this accelerator's devices.
 
-    Every implementation runs. The fallback calls ``torch.manual_seed(seed)``,
-    which seeds the host and every device type torch itself knows (CUDA, MPS,
-    XPU, a registered ``privateuse1`` backend), and, for the device type
-    ``torch.accelerator`` reports, ``torch.<type>.manual_seed_all`` where that
-    module has it; so implement this only for a runtime that keeps its own random
-    state, as XLA does. Example::
+    accel has seeded the host first (``torch.manual_seed``, which also seeds CUDA, MPS,
+    XPU and a registered ``privateuse1`` backend). *Action hook*: the fallback calls
+    ``torch.<type>.manual_seed_all`` for the device type ``torch.accelerator`` reports;
+    implement it for a runtime with random state of its own, as XLA has. Example::
 
         @accel.hookimpl
         def manual_seed(seed, device):
@@ -406,18 +400,17 @@ def autocast(
 ) -> AbstractContextManager[Any] | None:
     """Return a context manager that runs its block in mixed precision on ``device``.
 
-    ``dtype`` is what the user asked for, or ``None`` for the accelerator's
-    preferred low-precision type. Raise ``ValueError`` for a type the device
-    cannot autocast to (:func:`accel.training.precision.checked_autocast_dtype` writes
-    the message). *First result*: the fallback is ``torch.autocast`` for the
-    device's type, defaulting to ``torch.get_autocast_dtype``. Example::
+    ``dtype`` is what the user asked for, or ``None`` for the accelerator's preferred
+    low-precision type. Raise ``ValueError`` for a type the device cannot autocast to
+    (:func:`accel.training.precision.autocast_to` checks and writes the message).
+    *First result*: the fallback is ``torch.autocast`` for the device's type, defaulting
+    to ``torch.get_autocast_dtype``. Example::
 
         @accel.hookimpl
-        def autocast(device, dtype):
-            from accel.training.precision import checked_autocast_dtype
-            chosen = checked_autocast_dtype("npu", dtype, default=torch.float16,
-                                            supported=(torch.float16, torch.bfloat16))
-            return torch.autocast(device.type, dtype=chosen)
+        def autocast(accelerator, device, dtype):
+            return accel.training.precision.autocast_to(
+                accelerator, device, dtype, default=torch.float16,
+                supported=(torch.float16, torch.bfloat16))
     """
     raise NotImplementedError
 
@@ -451,21 +444,14 @@ def device_loader(
     device: torch.device,
     move: Callable[[Any], Any],
 ) -> Iterable[Any] | None:
-    """Return an iterable over ``loader``'s batches with their tensors on ``device``.
+    """Return an iterable over ``loader``'s batches with their tensors on ``device``,
+    iterable again every epoch (a class with ``__iter__``, not a generator).
 
-    Iterated once per epoch, so return something iterable again and again (a
-    class with ``__iter__``, not a generator). ``move`` is the handle's
-    ``batch_to_device``, with every plugin's batch hooks: pass every batch through
-    it, so those hooks run whichever loader is in use (where no plugin implements
-    ``batch_to_device``, ``move`` is accel's own ``move_batch``, a ``BatchMover``, which
-    a loader that already moved a batch whole may skip). Transfer ahead of use where
-    the device allows it: the TPU plugin lets torch_xla's ``MpDeviceLoader`` copy the
-    CPU tensors, rebuilds each batch as the loader made it and then calls ``move`` on
-    it; the CUDA plugin copies the next batch from pinned memory while the current one
-    is used. Batches may already be on the device, and ``loader`` may be
-    a :class:`~accel.training.device_loader.DeviceLoader` itself (wrapped twice).
-    *First result*: the fallback moves each batch with ``move`` as it is taken.
-    Example::
+    Pass every batch through ``move`` (the handle's ``batch_to_device``, with every
+    plugin's batch hooks). Transfer ahead of use where the device allows it (the TPU
+    plugin uses torch_xla's ``MpDeviceLoader``; CUDA copies the next batch from pinned
+    memory). ``loader`` may be a ``DeviceLoader`` itself (wrapped twice). *First
+    result*: the fallback moves each batch with ``move`` as it is taken. Example::
 
         @accel.hookimpl
         def device_loader(loader, device, move):
@@ -481,7 +467,7 @@ def state_dict(accelerator: str, model: torch.nn.Module) -> dict[str, Any] | Non
     A tensor the model holds under several names (a tied weight) must be one CPU
     tensor under all of them, so that ``torch.save`` stores it once and
     ``load_state_dict`` restores the tie. *First result*: the fallback
-    (:func:`accel.training.checkpoint._state.cpu_state_dict`) copies each distinct tensor once.
+    (:func:`accel.training.checkpoint.cpu_state_dict`) copies each distinct tensor once.
     Example::
 
         @accel.hookimpl
@@ -493,31 +479,28 @@ def state_dict(accelerator: str, model: torch.nn.Module) -> dict[str, Any] | Non
 
 
 @hookspec(firstresult=True)
-def save(accelerator: str, obj: Any, path: str | os.PathLike[str]) -> bool | None:
-    """Write ``obj`` to ``path`` atomically, its tensors on the CPU; return ``True``.
+def save(accelerator: str, obj: Any, path: str | os.PathLike[str]) -> None:
+    """Write ``obj`` to ``path`` atomically (the previous file or the new one, never a
+    torn one), its tensors on the CPU. *Action hook*.
 
-    ``obj`` is what the user saved, its modules, optimizers and schedulers already
-    replaced by their state dicts and the step already marked; its tensors may still
-    be on the device. The write must be atomic: ``path`` holds the previous file or
-    the new one, never a torn one
-    (:func:`accel.training.checkpoint._atomic.atomic_save` does it, and stores tensors on the CPU).
-    Only the main process of a distributed job writes, every process returns once the
-    file is complete, and a failed write raises an ``OSError`` on every process.
-    *First result*: the fallback
-    (:func:`accel.training.checkpoint._state.save_on_main_process`) writes on rank 0 of an
-    initialised :mod:`torch.distributed` group, or always without one. An
-    asynchronous save (``acc.save(obj, path, asynchronous=True)``) in a process
-    without such a group calls this hook in a background thread, with ``obj`` a
-    snapshot whose tensors are all on the CPU: use no collective of the training
-    run there. In a distributed job accel writes an asynchronous save itself, on rank
-    0, with ``atomic_save``. Example::
+    Called in both modes. ``acc.save(obj, path)``: on every process, in the loop's
+    thread (tensors may still be on the device); only the main process writes, every
+    process returns once the file is complete, and a failed write raises an
+    ``OSError`` on every process. The fallback
+    (:func:`accel.training.checkpoint.save_on_main_process`) writes on rank 0 and tells
+    the others. ``acc.save(..., asynchronous=True)``: in a background thread, only on
+    the process that writes (a lone process, or rank 0 of a distributed job), with
+    ``obj`` a snapshot whose tensors are all on the CPU: only write, use no collective;
+    accel tells the other ranks over a gloo group of its own. Example::
 
         @accel.hookimpl
         def save(obj, path):
-            if my_runtime.rank() == 0:
-                accel.training.checkpoint._atomic.atomic_save(obj, path)
-            my_runtime.barrier()
-            return True
+            if threading.current_thread() is not threading.main_thread():
+                accel.training.checkpoint.atomic_save(obj, path)  # only write
+            else:
+                if my_runtime.rank() == 0:
+                    accel.training.checkpoint.atomic_save(obj, path)
+                my_runtime.barrier()
     """
     raise NotImplementedError
 
@@ -528,7 +511,7 @@ def load(accelerator: str, path: str | os.PathLike[str]) -> Any:
 
     Must read with ``weights_only=True`` (a checkpoint never runs code). The handle then
     restores the state into the user's objects in place and marks the step. *First
-    result*: the fallback (:func:`accel.training.checkpoint._state.load_checkpoint`) is
+    result*: the fallback (:func:`accel.training.checkpoint.load_checkpoint`) is
     ``torch.load(path, map_location="cpu", weights_only=True)`` with clear errors.
     Example::
 
@@ -547,21 +530,13 @@ def restore_to_device(
     """Copy the host tensors of a checkpoint being restored to ``device`` together;
     return the device tensors, in the same order.
 
-    ``acc.load(path, state)`` asks it once, after every check passed, with each
-    distinct tensor that ``load_state_dict`` would copy to ``device`` unchanged (a
-    module's parameters and buffers of the same dtype, an optimizer's state but its
-    ``step``); the modules and optimizers then load the device tensors, so a
-    parameter's ``copy_`` is a copy on the device. Implement it where one transfer of
-    many tensors is much faster than one each, and where a parameter loaded from a
-    device tensor takes its place without a second copy: on XLA one upload for the
-    lot replaces a synchronous upload per tensor. *First result*: accel's fallback
-    answers only for a device that refuses to copy a host tensor into one of its own
-    in place (``nntile`` does; tried once per device on a one-element tensor): it
-    moves each tensor with ``.to(device)``, so ``load_state_dict`` copies on the device
-    and ``acc.load(path, state)`` works there with no hook of yours. Elsewhere it
-    answers ``None`` and ``load_state_dict`` copies each host tensor into place. So
-    implement it only for speed, or where ``.to(device)`` is not how your device
-    takes a host tensor. Example::
+    ``acc.load(path, state)`` asks it once, with each distinct tensor
+    ``load_state_dict`` would copy to ``device``; the objects then load the device
+    tensors. Implement it where one transfer of many tensors is faster (XLA: one upload
+    for the lot). *First result*: the fallback answers only for a device that refuses
+    to copy a host tensor into one of its own in place (``nntile``), with
+    ``.to(device)`` per tensor; elsewhere ``None`` (each host tensor copied into place).
+    Example::
 
         @accel.hookimpl
         def restore_to_device(tensors, device):
@@ -589,15 +564,14 @@ def rng_state(accelerator: str, device: torch.device) -> Any:
 
 
 @hookspec(firstresult=True)
-def set_rng_state(accelerator: str, state: Any, device: torch.device) -> bool | None:
-    """Put back the device generator state :func:`rng_state` returned; return ``True``.
+def set_rng_state(accelerator: str, state: Any, device: torch.device) -> None:
+    """Put back the device generator state :func:`rng_state` returned.
 
-    *First result*: the fallback sets what its ``rng_state`` read and refuses a state
+    *Action hook*: the fallback sets what its ``rng_state`` read and refuses a state
     from another device type with a ``ValueError``. Example::
 
         @accel.hookimpl
         def set_rng_state(state, device):
             my_runtime.set_seed(state["seed"], device)
-            return True
     """
     raise NotImplementedError

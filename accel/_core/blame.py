@@ -1,58 +1,90 @@
-"""Finding which plugin is at fault when a hook raises.
+"""Naming the plugin at fault, read from pluggy's hook implementation.
 
-Where pluggy runs the hook implementations it does not say which one raised; the
-traceback does, so every error can name the plugin to blame. (Who *returned* a bad
-result is known without this: :mod:`accel._core.hooks` walks the implementations.)
+When a plugin is registered, each of its hook implementations is given a thin shim
+(:func:`blame_implementations`): an exception it raises gets a note naming the hook
+and the plugin, and a first-result answer records who gave it (:func:`who_answered`),
+so an answer accel cannot use names its plugin without calling anyone again.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from typing import Any
+import threading
+from collections.abc import Callable, Generator
+from typing import Any, cast
+
+import pluggy
 
 from accel._util.notes import add_note
 
-__all__ = ["note_culprit"]
+__all__ = ["blame_implementations", "who_answered"]
+
+# Per thread: the plugin whose implementation last gave a first-result hook's answer.
+_answered = threading.local()
 
 
-def _implementation_codes(caller: Any) -> list[tuple[Any, Any]]:
-    pairs = []
-    for impl in caller.get_hookimpls():
-        function = getattr(impl.function, "__func__", impl.function)
-        code = getattr(function, "__code__", None)
-        if code is not None:
-            pairs.append((code, impl))
-    return pairs
+def who_answered() -> str | None:
+    """The plugin name of the implementation that answered the last first-result call
+    in this thread (read right after the call)."""
+    return getattr(_answered, "who", None)
 
 
-def note_culprit(
-    exc: BaseException,
-    caller: Any,
-    hook_name: str,
-    provider_of: Callable[[str], str],
-    *,
-    culprit: Any = None,
+def blame_implementations(
+    manager: pluggy.PluginManager, plugin: object, provider_of: Callable[[str], str]
 ) -> None:
-    """Add a note naming the plugin whose hook implementation raised ``exc``.
+    """Give each of ``plugin``'s hook implementations in ``manager`` its shim.
 
-    :param culprit: the implementation that raised, where the caller knows it; else it
-        is found in the traceback (pluggy ran the call).
+    pluggy computed each implementation's argument names from the function itself,
+    so a shim taking ``*args`` is called exactly as the function was.
     """
-    if culprit is None:
-        codes = dict(_implementation_codes(caller))
-        traceback = exc.__traceback__
-        while traceback is not None:
-            impl = codes.get(traceback.tb_frame.f_code)
-            if impl is not None:
-                culprit = impl  # keep the innermost: a wrapper may sit outside it
-            traceback = traceback.tb_next
-    if culprit is None or getattr(exc, "_accel_noted", False):
+    for caller in manager.get_hookcallers(plugin) or []:
+        spec = caller.spec
+        firstresult = bool(spec is not None and spec.opts.get("firstresult"))
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin:
+                # Final in pluggy's stubs, a plain slot at run time: pluggy calls
+                # impl.function(*args) with the argument names it read at registration.
+                impl.function = _shim(  # type: ignore[misc]
+                    impl, caller.name, provider_of, firstresult
+                )
+
+
+def _note(exc: BaseException, hook_name: str, plugin_name: str, provider: str) -> None:
+    if getattr(exc, "_accel_noted", False):  # the innermost implementation is at fault
         return
-    add_note(
-        exc,
-        f"raised in hook {hook_name!r} of plugin {culprit.plugin_name!r} "
-        f"({provider_of(culprit.plugin_name)})",
-    )
+    add_note(exc, f"raised in hook {hook_name!r} of plugin {plugin_name!r} ({provider})")
     with contextlib.suppress(AttributeError):
         exc._accel_noted = True  # type: ignore[attr-defined]
+
+
+def _shim(
+    impl: pluggy.HookImpl,
+    hook_name: str,
+    provider_of: Callable[[str], str],
+    firstresult: bool,
+) -> Callable[..., Any]:
+    function = impl.function
+    name = impl.plugin_name
+
+    if impl.wrapper or impl.hookwrapper:
+
+        def wrapper(*args: Any) -> Generator[Any, Any, Any]:
+            try:
+                return (yield from cast("Generator[Any, Any, Any]", function(*args)))
+            except Exception as exc:  # an inner implementation's is noted already
+                _note(exc, hook_name, name, provider_of(name))
+                raise
+
+        return wrapper
+
+    def plain(*args: Any) -> Any:
+        try:
+            result = function(*args)
+        except Exception as exc:
+            _note(exc, hook_name, name, provider_of(name))
+            raise
+        if firstresult and result is not None:
+            _answered.who = name
+        return result
+
+    return plain

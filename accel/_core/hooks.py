@@ -1,10 +1,10 @@
 """The hooks of one accelerator, called the way its handle needs them: one typed method
 per hook, so mypy checks every call's arguments and result.
 
-First-result hooks are answered by walking the implementations pluggy lists (its
-public :meth:`pluggy.HookCaller.get_hookimpls`, in its own call order), so accel knows
-which plugin answered without calling anyone twice: a result it cannot use names that
-plugin, and a side effect (a copy to the CPU, a file written) happens once.
+Every call goes through pluggy's own call loop, with pluggy's subset hook caller of the
+accelerator (the other accelerators' plugins removed), built once per hook and kept
+until a plugin is added or removed. Who raised or gave an answer accel cannot use is
+read from pluggy's hook implementation (:mod:`accel._core.blame`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 import torch
 from torch import nn
 
-from accel._core.blame import note_culprit
+from accel._core.blame import who_answered
 from accel._core.compiling import runnable_backend
-from accel._core.listing import FALLBACKS_NAME, Listed, list_implementations
-from accel._core.untying import UntyingDeviceTypes
-from accel._util.names import describe_index_range
+from accel._core.listing import FALLBACKS_NAME, HookCall, hook_call
+from accel._util.names import describe_index_range, visibility_hint
 from accel._util.notes import REPORT_TO_AUTHORS
 from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError, PluginError
 from accel.training.checkpoint._restoring import restored_tensors_problem
@@ -43,23 +42,21 @@ _T = TypeVar("_T")
 class AcceleratorHooks:
     """The hooks of one accelerator, as its handle calls them."""
 
-    __slots__ = ("_alive", "_implementations", "_manager", "_providers", "name", "untying")
+    __slots__ = ("_alive", "_calls", "_foreign", "_manager", "_providers", "name")
 
     def __init__(
         self,
         name: str,
         manager: pluggy.PluginManager,
         providers: dict[str, str],
-        *,
-        untying: UntyingDeviceTypes,
+        foreign: Callable[[], Iterable[object]],
     ):
         #: Canonical accelerator name, passed to every hook as ``accelerator``.
         self.name = name
-        #: The registry's :class:`~accel._core.untying.UntyingDeviceTypes`, shared.
-        self.untying: UntyingDeviceTypes = untying
-        self._manager = manager
+        self._manager = manager  # the registry's one manager, shared
         self._providers = providers  # plugin name -> provider, shared with the dispatcher
-        self._implementations: dict[str, Listed] = {}
+        self._foreign = foreign  # the plugins of the registry's other accelerators
+        self._calls: dict[str, HookCall] = {}
         self._alive = True
 
     # -- probing ------------------------------------------------------------------
@@ -103,9 +100,8 @@ class AcceleratorHooks:
             raise AcceleratorUnavailableError(
                 f"device index {index} requested ({requested!r}{source}) but "
                 f"{self.name!r} has {count} device{'s' if count != 1 else ''} here "
-                f"(valid: {', '.join(str(i) for i in range(count)) or 'none'}). Ask for "
-                f"{describe_index_range(self.name, count)}, or check device visibility "
-                f"settings such as CUDA_VISIBLE_DEVICES.",
+                f"(valid: {', '.join(str(i) for i in range(count)) or 'none'}). "
+                f"{_index_remedy(self.name, count)}",
                 accelerator=self.name,
                 reason=f"index {index} >= device count {count}",
             )
@@ -119,7 +115,7 @@ class AcceleratorHooks:
     def pre_move_hook(
         self, model: torch.nn.Module, device: torch.device, context: MoveContext
     ) -> None:
-        self._each("pre_move_hook", model=model, device=device, context=context)
+        self._call("pre_move_hook", model=model, device=device, context=context)
 
     def model_to_device(
         self, model: torch.nn.Module, device: torch.device, context: MoveContext
@@ -136,17 +132,10 @@ class AcceleratorHooks:
     def post_move_hook(
         self, model: torch.nn.Module, device: torch.device, context: MoveContext
     ) -> None:
-        self._each("post_move_hook", model=model, device=device, context=context)
+        self._call("post_move_hook", model=model, device=device, context=context)
 
     def batch_to_device(self, batch: Any, device: torch.device) -> Any:
-        listed = self._listed("batch_to_device")
-        if listed.fallback_only:  # every step of every loop: not even _first's frame
-            try:
-                return listed.call_order[0].function(batch=batch, device=device)
-            except Exception as exc:  # named, as every hook's failure is
-                self._blame(exc, "batch_to_device", listed.call_order[0])
-                raise
-        return self._first("batch_to_device", batch=batch, device=device)[0]
+        return self._call("batch_to_device", batch=batch, device=device)
 
     # -- the training step --------------------------------------------------------
 
@@ -157,10 +146,14 @@ class AcceleratorHooks:
         device: torch.device,
         scaler: torch.amp.GradScaler | None = None,
     ) -> Any:
-        step = self._first(
-            "optimizer_step", optimizer=optimizer, closure=closure, device=device, scaler=scaler
+        call = self._calls.get("optimizer_step") or self._build("optimizer_step")
+        return call.caller(
+            accelerator=self.name,
+            optimizer=optimizer,
+            closure=closure,
+            device=device,
+            scaler=scaler,
         )
-        return step[0]
 
     def clip_grad_norm_(
         self,
@@ -211,13 +204,15 @@ class AcceleratorHooks:
         return runnable_backend(backend, device)  # inductor only where it has codegen
 
     def mark_step(self, device: torch.device) -> None:
-        self._each("mark_step", device=device)
+        call = self._calls.get("mark_step") or self._build("mark_step")
+        call.caller(accelerator=self.name, device=device)
 
     def synchronize(self, device: torch.device) -> None:
-        self._first("synchronize", device=device)
+        self._call("synchronize", device=device)
 
     def manual_seed(self, seed: int, device: torch.device) -> None:
-        self._each("manual_seed", seed=seed, device=device)
+        torch.manual_seed(seed)  # the host's generators are accel's (as in rng_state)
+        self._call("manual_seed", seed=seed, device=device)
 
     def autocast(
         self, device: torch.device, dtype: torch.dtype | None
@@ -241,27 +236,27 @@ class AcceleratorHooks:
         return self._expect("state_dict", dict, model=model)
 
     def save(self, obj: Any, path: str | os.PathLike[str]) -> None:
-        self._first("save", obj=obj, path=path)
+        self._call("save", obj=obj, path=path)
 
     def load(self, path: str | os.PathLike[str]) -> Any:
-        return self._first("load", path=path)[0]
+        return self._call("load", path=path)
 
     def restore_to_device(self, tensors: list[torch.Tensor], device: torch.device) -> Any:
         problem = partial(restored_tensors_problem, tensors, device=device)
         return self._vetted("restore_to_device", problem, tensors=tensors, device=device)
 
     def rng_state(self, device: torch.device) -> Any:
-        return self._first("rng_state", device=device)[0]
+        return self._call("rng_state", device=device)
 
     def set_rng_state(self, state: Any, device: torch.device) -> None:
-        self._first("set_rng_state", state=state, device=device)
+        self._call("set_rng_state", state=state, device=device)
 
     # -- what the handle's fast paths and messages need -----------------------------
 
     def answered_by_plugin(self, hook_name: str) -> bool:
         """Whether a plugin implements ``hook_name``, not accel's fallback alone (for
         ``mark_step``: a lazy graph (XLA) that a save must cut first)."""
-        return not self._listed(hook_name).fallback_only
+        return not (self._calls.get(hook_name) or self._build(hook_name)).fallback_only
 
     def describe(self, plugin_name: str | None, hook_name: str) -> str:
         """Name the plugin that answered ``hook_name`` (``None``: not known, so every
@@ -272,7 +267,7 @@ class AcceleratorHooks:
             return f"plugin {plugin_name!r} ({self.provider_of(plugin_name)})"
         names = [
             impl.plugin_name
-            for impl in self._caller(hook_name).get_hookimpls()
+            for impl in self._build(hook_name).caller.get_hookimpls()
             if not (impl.wrapper or impl.hookwrapper) and impl.plugin_name != FALLBACKS_NAME
         ]
         if not names:
@@ -284,45 +279,28 @@ class AcceleratorHooks:
 
     # -- calling ----------------------------------------------------------------------
 
-    def _each(self, hook_name: str, **kwargs: Any) -> Any:
-        """Call the hook through pluggy's own loop, naming the plugin that raised.
-
-        Where accel's fallback is the only implementation, it is called directly: the
-        one place the handle's calls skip pluggy's machinery (a few µs a call, which
-        adds up over a training loop's small steps).
-        """
-        if self._listed(hook_name).fallback_only:
-            return self._first(hook_name, **kwargs)[0]
-        caller = self._caller(hook_name)
+    def _call(self, hook_name: str, **kwargs: Any) -> Any:
+        """Call the hook through pluggy's own loop (this accelerator's subset caller)."""
+        call = self._calls.get(hook_name) or self._build(hook_name)
         try:
-            return caller(accelerator=self.name, **kwargs)
+            result = call.caller(accelerator=self.name, **kwargs)
         except Exception as exc:
-            note_culprit(exc, caller, hook_name, self.provider_of)
+            self._check_alive(exc)
             raise
+        return result
 
     def _first(self, hook_name: str, **kwargs: Any) -> tuple[Any, str | None]:
-        """The first non-``None`` answer of a first-result hook, and who gave it.
-
-        Walks the implementations in pluggy's order (last registered first, ``tryfirst``
-        and ``trylast`` honoured). With a wrapper among them pluggy runs the call, and
-        who answered is not known (``None``).
-        """
-        listed = self._listed(hook_name)
-        if listed.has_wrapper:
-            return self._each(hook_name, **kwargs), None
-        kwargs["accelerator"] = self.name  # a dict of this call's own
-        for impl in listed.call_order:
-            try:
-                result = impl.function(*[kwargs[name] for name in impl.argnames])
-            except Exception as exc:
-                self._blame(exc, hook_name, impl)
-                raise
-            if result is not None:
-                return result, impl.plugin_name
-        return None, None
-
-    def _blame(self, exc: Exception, hook_name: str, impl: pluggy.HookImpl) -> None:
-        note_culprit(exc, self._caller(hook_name), hook_name, self.provider_of, culprit=impl)
+        """A first-result hook's answer, and the plugin that gave it (``None``: nobody
+        answered, or a plugin's wrapper may have changed the answer)."""
+        call = self._calls.get(hook_name) or self._build(hook_name)
+        try:
+            result = call.caller(accelerator=self.name, **kwargs)
+        except Exception as exc:
+            self._check_alive(exc)
+            raise
+        if result is None or call.has_wrapper:
+            return result, None
+        return result, who_answered()
 
     def _context(self, hook_name: str, **kwargs: Any) -> AbstractContextManager[Any]:
         """A first-result hook's answer, checked to be a context manager."""
@@ -355,38 +333,45 @@ class AcceleratorHooks:
             f"{self.describe(who, hook_name)}. {REPORT_TO_AUTHORS}"
         )
 
-    def _listed(self, hook_name: str) -> Listed:
-        """What pluggy's public ``get_hookimpls()`` says of the hook, cached until a
-        plugin is added or removed (the dispatcher keeps the cache in step)."""
-        listed = self._implementations.get(hook_name)
-        if listed is None:
-            listed = list_implementations(self._caller(hook_name))
-            self._implementations[hook_name] = listed
-        return listed
+    def _check_alive(self, exc: Exception | None = None) -> None:
+        """Raise :func:`no_longer_registered` where the accelerator's plugin has left
+        (a call that raised may have reached the fallbacks in its place)."""
+        if not self._alive:
+            raise no_longer_registered(self.name) from exc
 
-    def _caller(self, hook_name: str) -> Any:
+    def _build(self, hook_name: str) -> HookCall:
+        """The hook's call for this accelerator, cached until a plugin is added or
+        removed (the dispatcher then calls :meth:`_forget`)."""
         if not self._alive:
             raise no_longer_registered(self.name)
-        return getattr(self._manager.hook, hook_name)
+        calls = self._calls
+        call = calls.get(hook_name)
+        if call is None:
+            call = hook_call(self._manager, hook_name, self._foreign())
+            calls[hook_name] = call
+        return call
 
     # -- kept in step with the registry by the dispatcher -------------------------
 
     def _retire(self) -> None:
+        # The calls built stay: a call that already has its hooks finishes with them.
         self._alive = False
-        self._implementations.clear()
 
-    def _add(self, plugin: object, name: str) -> None:
-        self._manager.register(plugin, name=name)
-        self._implementations.clear()
-
-    def _remove(self, plugin: object) -> None:
-        if self._manager.is_registered(plugin):
-            self._manager.unregister(plugin)
-        self._implementations.clear()
+    def _forget(self) -> None:
+        if self._alive:
+            self._calls = {}  # a new dict: a call in flight keeps the one it read
 
 
 def _shown(value: object) -> str:
     return f"{type(value).__name__} ({value!r})"
+
+
+def _index_remedy(accelerator: str, count: int) -> str:
+    if accelerator == "cpu":
+        return "The CPU accelerator has one device: use 'cpu'."
+    hint = visibility_hint(accelerator)  # named by its device type (cuda), or no hint
+    also = f", or check {hint}" if hint else ""
+    return f"Ask for {describe_index_range(accelerator, count)}{also}."
 
 
 def no_longer_registered(accelerator: str) -> AcceleratorNotFoundError:

@@ -1,21 +1,21 @@
-"""Hook dispatch: every accelerator calls only its own plugin and the cross-cutting ones.
+"""Hook dispatch: one pluggy manager per registry; every accelerator calls only its own
+plugin, the cross-cutting ones and accel's fallbacks.
 
-Each accelerator gets a :class:`pluggy.PluginManager` of its own holding accel's
-fallbacks, every cross-cutting plugin and the accelerator's plugin, registered in
-the registry's order. The handle calls them through
-:class:`~accel._core.hooks.AcceleratorHooks`, and another accelerator's plugin is never
-among the implementations, even one registered while a call is in flight. One more
-manager holds every plugin, to validate new ones.
+Each accelerator's :class:`~accel._core.hooks.AcceleratorHooks` calls pluggy's subset
+hook caller without the other accelerators' plugins, built once per hook and rebuilt
+after a plugin is added or removed.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import final
 
 import pluggy
 
+from accel._core.blame import blame_implementations
 from accel._core.hooks import FALLBACKS_NAME, AcceleratorHooks, no_longer_registered
-from accel._core.untying import UntyingDeviceTypes
+from accel._core.listing import ACTION_HOOKS, plain_implementers
 from accel._registry.declarations import check_hook_names, new_plugin_manager
 from accel.errors import PluginError
 
@@ -24,18 +24,19 @@ __all__ = ["AcceleratorHooks", "Dispatcher"]
 
 @final
 class Dispatcher:
-    """The plugin managers of one registry: one per accelerator, one to validate."""
+    """The plugin manager of one registry, and each accelerator's hooks."""
 
-    __slots__ = ("_cross_cutting", "_hooks", "_providers", "_untying", "_validator")
+    __slots__ = ("_departed", "_hooks", "_manager", "_owners", "_providers")
 
     def __init__(self, fallbacks: object) -> None:
-        self._validator = new_plugin_manager()
+        self._manager = new_plugin_manager()
         self._providers: dict[str, str] = {}
-        # (plugin, name) of the fallbacks and every cross-cutting plugin, in order.
-        self._cross_cutting: list[tuple[object, str]] = []
+        # Each accelerator plugin and the accelerators it declared.
+        self._owners: dict[object, tuple[str, ...]] = {}
         self._hooks: dict[str, AcceleratorHooks] = {}
-        # One per registry: another registry's untying devices never change its moves.
-        self._untying = UntyingDeviceTypes()
+        # Accelerator plugins unregistered since the last change: still in the manager
+        # (left out of every call), so a handle's call in flight finishes with them.
+        self._departed: list[object] = []
         self.add_plugin(fallbacks, FALLBACKS_NAME, "built-in", accelerators=[])
 
     def owns(self, hooks: AcceleratorHooks) -> bool:
@@ -43,68 +44,116 @@ class Dispatcher:
         return any(mine is hooks for mine in self._hooks.values())
 
     def validator(self) -> pluggy.PluginManager:
-        """The manager that parses hook implementations (holds every plugin)."""
-        return self._validator
+        """The registry's plugin manager (it parses and validates hook implementations)."""
+        return self._manager
 
     def unique_name(self, label: str, plugin: object) -> str:
         """``label``, or ``label`` made unique if another plugin already has it."""
-        return label if self._validator.get_plugin(label) is None else f"{label}-{id(plugin):x}"
+        self._flush_departed()
+        return label if self._manager.get_plugin(label) is None else f"{label}-{id(plugin):x}"
 
     def is_registered(self, plugin: object) -> bool:
-        return self._validator.is_registered(plugin)
+        return self._manager.is_registered(plugin) and plugin not in self._departed
 
     def add_plugin(
         self, plugin: object, name: str, provider: str, *, accelerators: list[str]
     ) -> None:
-        """Validate ``plugin`` and give it to the managers it belongs in.
+        """Validate and register ``plugin``: for its ``accelerators``, or for every
+        accelerator (``accelerators=[]``, a cross-cutting plugin).
 
-        An accelerator plugin gets a manager per accelerator it declares; a
-        cross-cutting one (``accelerators=[]``) joins every manager, now and later.
+        :raises PluginError: its hooks do not fit accel's specs, or it does an action
+            hook that another plugin already does for one of the same accelerators.
         """
-        label = name
+        self._flush_departed()
         try:
-            self._validator.register(plugin, name=name)
+            self._manager.register(plugin, name=name)
         except (ValueError, pluggy.PluginValidationError) as exc:
             detail = " ".join(str(exc).split())
             raise PluginError(
-                f"plugin {label!r} from {provider} does not match accel's hooks: {detail}. "
+                f"plugin {name!r} from {provider} does not match accel's hooks: {detail}. "
                 f"Hook names and arguments are listed in accel.hookspecs."
             ) from exc
         try:
-            check_hook_names(plugin, label, provider, self._validator)
+            check_hook_names(plugin, name, provider, self._manager)
+            if accelerators:
+                self._owners[plugin] = tuple(accelerators)
+            self._providers[name] = provider
+            self._check_actions(plugin, name, provider)
         except BaseException:
-            self._validator.unregister(plugin)
+            self._manager.unregister(plugin)
+            self._owners.pop(plugin, None)
+            self._providers.pop(name, None)
             raise
-        self._providers[name] = provider
-        if accelerators:
-            for accelerator in accelerators:
-                manager = new_plugin_manager()
-                for other, other_name in self._cross_cutting:
-                    manager.register(other, name=other_name)
-                manager.register(plugin, name=name)
-                self._hooks[accelerator] = AcceleratorHooks(
-                    accelerator, manager, self._providers, untying=self._untying
-                )
-        else:
-            self._cross_cutting.append((plugin, name))
-            for hooks in self._hooks.values():
-                hooks._add(plugin, name)
+        blame_implementations(self._manager, plugin, self._provider_of)
+        for accelerator in accelerators:
+            self._hooks[accelerator] = AcceleratorHooks(
+                accelerator, self._manager, self._providers, partial(self._foreign, accelerator)
+            )
+        self._forget()
 
     def remove_plugin(self, plugin: object, accelerators: list[str]) -> None:
-        """Take ``plugin`` out of every manager; retire its accelerators' hooks."""
-        name = self._validator.get_name(plugin)
-        self._validator.unregister(plugin)
-        self._providers.pop(name or "", None)
+        """Unregister ``plugin``; retire its accelerators' hooks."""
+        self._flush_departed()
         for accelerator in accelerators:
             hooks = self._hooks.pop(accelerator, None)
             if hooks is not None:
                 hooks._retire()
-        self._cross_cutting = [(p, n) for p, n in self._cross_cutting if p is not plugin]
-        for hooks in self._hooks.values():
-            hooks._remove(plugin)
+        if plugin in self._owners:
+            self._departed.append(plugin)  # unregistered from the manager at the next change
+        else:
+            self._unregister(plugin)
+        self._forget()
 
     def hooks(self, accelerator: str) -> AcceleratorHooks:
         hooks = self._hooks.get(accelerator)
         if hooks is None:  # unregistered by another thread since it was looked up
             raise no_longer_registered(accelerator)
         return hooks
+
+    # -- internals -------------------------------------------------------------------
+
+    def _unregister(self, plugin: object) -> None:
+        name = self._manager.get_name(plugin)
+        self._manager.unregister(plugin)
+        self._providers.pop(name or "", None)
+        self._owners.pop(plugin, None)
+
+    def _flush_departed(self) -> None:
+        departed, self._departed = self._departed, []
+        for plugin in departed:
+            self._unregister(plugin)
+
+    def _provider_of(self, plugin_name: str) -> str:
+        return self._providers.get(plugin_name, "registered in code")
+
+    def _foreign(self, accelerator: str | None) -> list[object]:
+        """The plugins of every accelerator but ``accelerator`` (``None``: of all); a
+        plugin unregistered since the last change still counts (its accelerators are
+        retired, so it is left out of every live accelerator's calls)."""
+        owners = list(self._owners.items())  # a copy: another thread may register meanwhile
+        return [p for p, names in owners if accelerator not in names]
+
+    def _forget(self) -> None:
+        for hooks in self._hooks.values():
+            hooks._forget()
+
+    def _check_actions(self, plugin: object, name: str, provider: str) -> None:
+        """An action hook is done by one plain implementation per accelerator (the rule
+        in accel.hookspecs): refuse a plugin that would make it two."""
+        owned = self._owners.get(plugin)
+        scopes: list[str | None] = list(owned) if owned else [None, *self._hooks]
+        for hook_name in sorted(ACTION_HOOKS):
+            for scope in scopes:
+                plain = plain_implementers(self._manager, hook_name, self._foreign(scope))
+                if len(plain) > 1 and any(impl.plugin is plugin for impl in plain):
+                    other = next(impl for impl in plain if impl.plugin is not plugin)
+                    where = f"accelerator {scope!r}" if scope else "every accelerator"
+                    raise PluginError(
+                        f"plugin {name!r} from {provider} does the action hook "
+                        f"{hook_name!r} (a plain implementation), which plugin "
+                        f"{other.plugin_name!r} ({self._provider_of(other.plugin_name)}) "
+                        f"already does for {where}; an action hook is done by one plain "
+                        f"implementation. Make one of them a wrapper "
+                        f"(@accel.hookimpl(wrapper=True): work before and after its yield), "
+                        f"or register only one of them."
+                    )

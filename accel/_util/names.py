@@ -20,6 +20,7 @@ __all__ = [
     "EARLY_SIGNALS_ENV",
     "PLUGINS_ENV",
     "VARIABLES",
+    "VISIBILITY_VARIABLES",
     "check_accelerator_name",
     "closest_name",
     "describe_difference",
@@ -29,6 +30,7 @@ __all__ = [
     "normalize_distribution_name",
     "normalize_name",
     "parse_accelerator_name",
+    "visibility_hint",
 ]
 
 #: Environment variable naming the accelerator ``get_accelerator()`` picks by default.
@@ -192,3 +194,16 @@ def describe_index_range(canonical: str, count: int) -> str:
     if count <= 1:
         return f"{canonical!r} or '{canonical}:0'"
     return f"'{canonical}:0' to '{canonical}:{count - 1}'"
+
+
+#: The variables a launcher uses to give each worker its own devices, by device type.
+VISIBILITY_VARIABLES: Final = {
+    "cuda": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
+}
+
+
+def visibility_hint(device_type: str) -> str:
+    """The device visibility settings of ``device_type`` for a message, or ``""`` where
+    it has none."""
+    names = VISIBILITY_VARIABLES.get(device_type)
+    return f"device visibility settings such as {names[0]}" if names else ""

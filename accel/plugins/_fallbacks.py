@@ -126,7 +126,7 @@ def mark_step() -> None:
 
 
 @hookimpl(trylast=True)
-def synchronize(device: torch.device) -> bool:
+def synchronize(device: torch.device) -> None:
     """Wait through ``torch.accelerator`` where torch drives the device type; where
     there is nothing known to wait for, or the backend cannot synchronise (torch-opencl:
     "Backend doesn't support synchronizing events"), return without waiting: such a
@@ -136,12 +136,12 @@ def synchronize(device: torch.device) -> bool:
         # A backend that cannot synchronise: documented in the hookspec.
         with contextlib.suppress(RuntimeError, NotImplementedError):
             runtime.synchronize(device)
-    return True
 
 
 @hookimpl(trylast=True)
 def manual_seed(seed: int, device: torch.device) -> None:
-    torch.manual_seed(seed)  # the host, and the device types torch seeds itself
+    # The handle has called torch.manual_seed: the host, and the device types torch
+    # seeds itself (CUDA, MPS, XPU, a registered privateuse1 backend).
     if torch_accelerator(device.type) is not None:
         # torch.accelerator has no seeding call; the device module's manual_seed_all
         # is torch's convention (torch.xpu, torch.mtia, an out-of-tree torch.npu).
@@ -201,9 +201,8 @@ def state_dict(model: torch.nn.Module) -> dict[str, Any]:
 
 
 @hookimpl(trylast=True)
-def save(obj: Any, path: str | os.PathLike[str]) -> bool:
+def save(obj: Any, path: str | os.PathLike[str]) -> None:
     save_on_main_process(obj, path)
-    return True
 
 
 @hookimpl(trylast=True)
@@ -233,7 +232,7 @@ def rng_state(device: torch.device) -> Any:
 
 
 @hookimpl(trylast=True)
-def set_rng_state(accelerator: str, state: Any, device: torch.device) -> bool:
+def set_rng_state(accelerator: str, state: Any, device: torch.device) -> None:
     if not isinstance(state, dict) or state.get("type") != device.type:
         found = state.get("type") if isinstance(state, dict) else type(state).__name__
         raise AcceleratorValueError(
@@ -248,7 +247,6 @@ def set_rng_state(accelerator: str, state: Any, device: torch.device) -> bool:
             module.set_rng_state_all(states)
         else:
             module.set_rng_state(states[0])
-    return True
 
 
 def torch_accelerator(device_type: str) -> Any:

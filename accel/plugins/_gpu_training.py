@@ -33,9 +33,8 @@ class CudaTrainingHooks:
     """Synchronisation, precision, memory and prefetching through ``torch.cuda``."""
 
     @hookimpl
-    def synchronize(self, device: torch.device) -> bool:
+    def synchronize(self, device: torch.device) -> None:
         torch.cuda.synchronize(device)
-        return True
 
     @hookimpl
     def autocast(
@@ -68,9 +67,8 @@ class MpsTrainingHooks:
     """Synchronisation, precision and memory through ``torch.mps``."""
 
     @hookimpl
-    def synchronize(self) -> bool:
+    def synchronize(self) -> None:
         torch.mps.synchronize()
-        return True
 
     @hookimpl
     def autocast(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -47,24 +47,34 @@ class XlaTrainingHooks:
     """Gradient reduction and clipping, compiling, step marking, RNG, precision, memory,
     loading, saving."""
 
-    # trylast: the innermost wrapper, right around the step, so no other wrapper sees
-    # step_with_closure's _Stepped.
-    @hookimpl(wrapper=True, trylast=True)
+    @hookimpl
     def optimizer_step(
         self,
         optimizer: torch.optim.Optimizer,
         closure: Callable[[], Any] | None,
         device: torch.device,
-    ) -> Generator[None, Any, Any]:
+        scaler: torch.amp.GradScaler | None,
+    ) -> Any:
+        """The step, done here (accel's fallback then does not run): the gradients
+        reduced across replicas, the step, and the XLA step marked after it."""
         hold_for_step(optimizer, device)  # XLA:CPU only: see accel.plugins._xla_cut
         if closure is None:
             # All-reduce, only when several replicas train, and not again what clipping
             # did; before a scaler's step, so every replica sees the same overflow.
             reduce_for_step(optimizer)
-        # With a closure the gradients do not exist yet: step_with_closure reduces them.
-        result = yield  # the step itself (the fallback, or another plugin's)
-        if isinstance(result, _Stepped):
-            result = result.value
+            step_closure = None
+        else:
+            # The optimizer evaluates the closure (LBFGS several times): each
+            # evaluation's gradients are reduced before the optimizer uses them.
+            def step_closure() -> Any:
+                loss = closure()
+                reduce_for_step(optimizer)
+                return loss
+
+        if scaler is not None:  # with a closure, a disabled one (the handle checks)
+            result = scaled_step(optimizer, scaler, step_closure)
+        else:
+            result = optimizer.step() if step_closure is None else optimizer.step(step_closure)
         loop = _loop_state()
         if loop.active and loop.fetches != loop.fetches_at_last_step:
             loop.owed = True  # a device_loader loop: its next batch marks the step
@@ -73,27 +83,6 @@ class XlaTrainingHooks:
             loop.owed = False
         loop.fetches_at_last_step = loop.fetches
         return result
-
-    @hookimpl(specname="optimizer_step")
-    def step_with_closure(
-        self,
-        optimizer: torch.optim.Optimizer,
-        closure: Callable[[], Any] | None,
-        scaler: torch.amp.GradScaler | None,
-    ) -> _Stepped | None:
-        """The step of a closure: the optimizer evaluates it (LBFGS several times), and
-        each evaluation's gradients are reduced before the optimizer uses them."""
-        if closure is None:
-            return None  # reduced in the wrapper; the fallback (or a plugin) steps
-
-        def closure_then_reduce() -> Any:
-            loss = closure()
-            reduce_for_step(optimizer)
-            return loss
-
-        if scaler is not None:  # a disabled one: the handle refuses a closure otherwise
-            return _Stepped(scaled_step(optimizer, scaler, closure_then_reduce))
-        return _Stepped(optimizer.step(closure_then_reduce))
 
     @hookimpl
     def clip_grad_norm_(
@@ -113,18 +102,17 @@ class XlaTrainingHooks:
         cut()
 
     @hookimpl
-    def synchronize(self) -> bool:
+    def synchronize(self) -> None:
         import torch_xla.core.xla_model as xm
 
         xm.wait_device_ops()
         release_held()  # nothing runs any more that could read them
-        return True
 
     @hookimpl
     def manual_seed(self, seed: int, device: torch.device) -> None:
         import torch_xla.core.xla_model as xm
 
-        # XLA's generator is separate from torch's; torch_xla takes seeds < 2**64.
+        # accel seeded torch's host generator; XLA's is separate (seeds < 2**64).
         xm.set_rng_state(seed % 2**64, device=str(device))
 
     @hookimpl
@@ -176,14 +164,14 @@ class XlaTrainingHooks:
         return None  # the fallback copies each distinct tensor once
 
     @hookimpl
-    def save(self, obj: Any, path: Any) -> bool:
+    def save(self, obj: Any, path: Any) -> None:
         import torch_xla.runtime as xr
 
         if xr.world_size() == 1 or (in_a_job() and _in_a_thread()):
             # Alone; or the background write of an asynchronous save on rank 0, whose
             # word accel carries to the other ranks over a gloo group of its own.
             atomic_save(obj, path)
-            return True
+            return
         if _in_a_thread():
             # An asynchronous save: the replicas' word travels as an XLA collective,
             # which a thread beside the training loop's tracing must not run.
@@ -197,7 +185,6 @@ class XlaTrainingHooks:
 
         main = xm.is_master_ordinal(local=False)
         written_by_main(lambda: atomic_save(obj, path), path, main=main, tell=_rendezvous)
-        return True
 
     @hookimpl
     def restore_to_device(
@@ -218,7 +205,7 @@ class XlaTrainingHooks:
         return {"type": "xla", "seed": int(xm.get_rng_state(device=str(device)))}
 
     @hookimpl
-    def set_rng_state(self, accelerator: str, state: Any, device: torch.device) -> bool:
+    def set_rng_state(self, accelerator: str, state: Any, device: torch.device) -> None:
         import torch_xla.core.xla_model as xm
 
         if not isinstance(state, dict) or state.get("type") != "xla" or "seed" not in state:
@@ -229,17 +216,6 @@ class XlaTrainingHooks:
                 f"saved it, or leave the 'device' entry out (the device draws then differ)"
             )
         xm.set_rng_state(int(state["seed"]), device=str(device))
-        return True
-
-
-class _Stepped:
-    """What :meth:`XlaTrainingHooks.step_with_closure` returned, wrapped: the step ran,
-    even where it returned ``None`` (so no later implementation steps again)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
 
 
 def _in_a_thread() -> bool:

@@ -67,14 +67,23 @@ def test_index_is_kept_on_the_handle(registry: accel.AcceleratorRegistry) -> Non
 def test_index_beyond_device_count_is_unavailable(registry: accel.AcceleratorRegistry) -> None:
     with pytest.raises(accel.AcceleratorUnavailableError, match=r"index 1.*1 device") as info:
         registry.get_accelerator("cpu:1")
-    assert "'cpu:0'" in str(info.value)
+    assert "The CPU accelerator has one device: use 'cpu'." in str(info.value)
+    assert "VISIBLE_DEVICES" not in str(info.value)  # the CPU has no visibility variable
 
 
 def test_index_checked_against_a_plugins_device_count() -> None:
     registry = isolated_registry(FakeAccelerator("npu", count=4))
     assert registry.get_accelerator("npu:3").index == 3
-    with pytest.raises(accel.AcceleratorUnavailableError, match="'npu:0' to 'npu:3'"):
+    with pytest.raises(accel.AcceleratorUnavailableError, match="'npu:0' to 'npu:3'") as info:
         registry.get_accelerator("npu:4")
+    assert "VISIBLE_DEVICES" not in str(info.value)  # accel knows no variable of npu's
+
+
+def test_index_beyond_cudas_device_count_names_its_visibility_variable() -> None:
+    registry = isolated_registry()
+    registry.register(FakeAccelerator("cuda", count=2), override=True)
+    with pytest.raises(accel.AcceleratorUnavailableError, match="CUDA_VISIBLE_DEVICES"):
+        registry.get_accelerator("cuda:2")
 
 
 @pytest.mark.parametrize("name", ["cpu:x", "cpu:-1", "cpu:", "cpu:1.5", "cpu:0:0"])

@@ -154,9 +154,7 @@ def test_mark_step_and_synchronize_call_the_plugins_hooks() -> None:
     ]
 
 
-def test_mark_step_and_synchronize_skip_the_hook_call_when_only_the_fallback_answers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_every_hook_call_goes_through_pluggys_call_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     acc = isolated_registry(BareAccelerator()).get_accelerator("bare")
     _, optimizer = linear_model_and_optimizer()
     called: list[str] = []
@@ -170,11 +168,7 @@ def test_mark_step_and_synchronize_skip_the_hook_call_when_only_the_fallback_ans
     acc.mark_step()
     acc.synchronize()
     acc.optimizer_step(optimizer)
-    assert called == []  # the fallback alone answers: called directly, not through pluggy
-    # A plugin's own mark_step goes through pluggy's loop (and the cache saw it come).
-    acc_rec = isolated_registry(RecordingAccelerator()).get_accelerator("rec")
-    acc_rec.mark_step()
-    assert called == ["mark_step"]
+    assert called == ["mark_step", "synchronize", "optimizer_step"]  # the fallback's too
 
 
 @pytest.mark.parametrize("name", ["cpu", "bare", "rec"])

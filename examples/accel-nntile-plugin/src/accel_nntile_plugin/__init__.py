@@ -102,11 +102,10 @@ def mark_step() -> None:
 
 
 @accel.hookimpl
-def synchronize() -> bool:
+def synchronize() -> None:
     runtime = _runtime()
     runtime.execute()  # what is still only recorded must run before there is anything to wait for
     runtime.wait()
-    return True
 
 
 @accel.hookimpl
@@ -144,10 +143,9 @@ def rng_state() -> dict[str, Any]:
 
 
 @accel.hookimpl
-def set_rng_state(state: Any) -> bool:
+def set_rng_state(state: Any) -> None:
     if not (isinstance(state, dict) and state.get("type") == "nntile"):
         raise ValueError(f"not an nntile generator state: {state!r}")
-    return True
 
 
 def _host_norm(grad: torch.Tensor, norm_type: float) -> torch.Tensor:

@@ -111,10 +111,9 @@ def batch_to_device(batch: Any, device: torch.device) -> Any:
 
 
 @accel.hookimpl
-def synchronize(device: torch.device) -> bool:
+def synchronize(device: torch.device) -> None:
     # torch-opencl has no synchronize; a read back to the host waits for the queue.
     torch.zeros(1, device=device).cpu()
-    return True
 
 
 @accel.hookimpl
@@ -124,10 +123,9 @@ def rng_state() -> dict[str, Any]:
 
 
 @accel.hookimpl
-def set_rng_state(state: Any) -> bool:
+def set_rng_state(state: Any) -> None:
     if not (isinstance(state, dict) and state.get("type") == "opencl"):
         raise ValueError(f"not an opencl generator state: {state!r}")
-    return True
 
 
 def _backend() -> Any:
