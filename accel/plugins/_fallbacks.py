@@ -30,7 +30,7 @@ from accel.training.checkpoint._rng import device_generators_of
 from accel.training.checkpoint._state import cpu_state_dict
 from accel.training.device_loader import MovingLoader
 from accel.training.memory import unknown
-from accel.training.precision import autocast_to
+from accel.training.precision import autocast_to, backend_amp_dtypes
 from accel.training.step import clip_grad_norm, gradient_sync_paused, scaled_step
 from accel.types import Availability, MemoryStats
 
@@ -162,7 +162,9 @@ def autocast(
             f"{accelerator!r}); its plugin must implement the autocast hook"
         ) from None
     # torch checks the rest when the block starts; the common types are known to be fine.
-    supported = (default,) if dtype is None else (dtype,)
+    supported: tuple[torch.dtype, ...] = (default,) if dtype is None else (dtype,)
+    if device.type == torch._C._get_privateuse1_backend_name():
+        supported = backend_amp_dtypes(accelerator, device.type)  # torch asks the module
     return autocast_to(accelerator, device, dtype, default=default, supported=supported)
 
 
