@@ -32,4 +32,4 @@ def test_every_promise_the_fake_can_keep_holds_on_an_untying_device() -> None:
         outcomes = run("untying", registry=registry, promises=PROMISES)
     assert [o for o in outcomes if o.outcome != "passed"] == []
     assert Outcome("moves.ties_kept_back_to_cpu", "passed") in outcomes
-    assert len(outcomes) == 13  # 1 + 2 devices + 5 moves + 5 more
+    assert len(outcomes) == 14  # 2 selection + 2 devices + 5 moves + 5 more
