@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from accel.markers import hookimpl
+from accel.training.batch import BatchMover
 from accel.training.memory import host_memory_stats
 from accel.training.precision import bfloat16_autocast
 from accel.types import AcceleratorSpec, Availability
@@ -57,6 +58,9 @@ class CpuPlugin:
         return host_memory_stats()
 
     @hookimpl
-    def device_loader(self, loader: Iterable[Any]) -> Iterable[Any]:
-        # A DataLoader's batches are already on the CPU: hand them out untouched.
-        return loader
+    def device_loader(
+        self, loader: Iterable[Any], move: Callable[[Any], Any]
+    ) -> Iterable[Any] | None:
+        # A DataLoader's batches are already on the CPU: with accel's own mover there is
+        # nothing to do; a plugin's batch_to_device must still see every batch (fallback).
+        return loader if isinstance(move, BatchMover) else None

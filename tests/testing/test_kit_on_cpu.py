@@ -18,24 +18,10 @@ from accel.testing.conformance import Limits, Outcome, all_promises, run
 from accel.tools.cli import main
 from helpers.registries import isolated_registry
 
-#: A promise the built-in CPU plugin breaks today: its device_loader hands the loader out
-#: untouched, so another plugin's batch_to_device never sees a batch. The fix (in
-#: accel/plugins/cpu.py: return the loader only when ``move`` is accel's own
-#: BatchMover) is pending; the strict xfail below fails once it lands.
-CPU_BREAKS = "batches.device_loader_uses_move"
-
 
 def test_every_promise_holds_on_the_cpu() -> None:
     outcomes = run("cpu", registry=isolated_registry())
-    assert [o for o in outcomes if o.promise != CPU_BREAKS] == [
-        Outcome(promise.name, "passed") for promise in all_promises() if promise.name != CPU_BREAKS
-    ]
-
-
-@pytest.mark.xfail(strict=True, reason="accel/plugins/cpu.py's device_loader skips move")
-def test_the_cpu_device_loader_passes_every_batch_through_move() -> None:
-    (outcome,) = run("cpu", registry=isolated_registry(), promises=[CPU_BREAKS])
-    assert outcome == Outcome(CPU_BREAKS, "passed")
+    assert outcomes == [Outcome(promise.name, "passed") for promise in all_promises()]
 
 
 def test_a_declared_limit_skips_exactly_the_promises_that_need_it() -> None:

@@ -459,14 +459,7 @@ def test_the_kit_catches_a_planted_bug(plugin: FakeAccelerator, promise: str, sa
     assert says in outcome.reason
 
 
-def _on_the_cpu(promise: str) -> Any:
-    if promise != "batches.device_loader_uses_move":
-        return promise
-    # The built-in CPU's device_loader skips move (test_kit_on_cpu.CPU_BREAKS).
-    return pytest.param(promise, marks=pytest.mark.xfail(strict=True, reason="cpu.py skips move"))
-
-
-@pytest.mark.parametrize("promise", [_on_the_cpu(p) for p in sorted({case[1] for case in CASES})])
+@pytest.mark.parametrize("promise", sorted({case[1] for case in CASES}))
 def test_each_promise_a_bug_breaks_holds_on_the_cpu(promise: str) -> None:
     (outcome,) = run("cpu", registry=isolated_registry(), promises=[promise])
     assert outcome == Outcome(promise, "passed")
