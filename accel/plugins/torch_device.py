@@ -12,14 +12,18 @@ ties are kept by torch's own rule, as for every device that unties.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Final
 
 import torch
 import torch.distributed
 
+from accel.errors import AcceleratorValueError
 from accel.markers import hookimpl
+from accel.training.precision import autocast_to, backend_amp_dtypes
 from accel.types import AcceleratorSpec, Availability
 
 __all__ = ["TorchDevicePlugin", "torch_device_types"]
@@ -162,3 +166,71 @@ class TorchDevicePlugin:
         if dynamo is not None and self.device_type in dynamo.list_backends(exclude_tags=()):
             return self.device_type
         return None
+
+    @hookimpl
+    def autocast(
+        self, accelerator: str, device: torch.device, dtype: torch.dtype | None
+    ) -> AbstractContextManager[Any] | None:
+        """The dtypes the backend's module names for autocast, less those the device
+        cannot hold: torch-nntile names float16 and bfloat16 but makes only float32 and
+        int64 tensors, and a float16 GradScaler would fail at its first step."""
+        if device.type != privateuse1_name():
+            return None  # a type torch drives itself: accel's fallback asks torch
+        named = backend_amp_dtypes(accelerator, device.type)  # or a clear refusal
+        held = tuple(candidate for candidate in named if _holds(device, candidate))
+        if not held:
+            listed = ", ".join(str(candidate) for candidate in named) or "none"
+            raise AcceleratorValueError(
+                f"accelerator {accelerator!r} cannot autocast to "
+                f"{dtype or 'a lower precision'}: torch.{device.type} names {listed} for "
+                f"autocast, but the device cannot make a tensor of any of them. Train in "
+                f"float32 (leave autocast out, or acc.autocast(enabled=False))"
+            )
+        default = torch.get_autocast_dtype(device.type)
+        return autocast_to(
+            accelerator,
+            device,
+            dtype,
+            default=default if default in held else held[0],
+            supported=held,
+            why=f" (of the {', '.join(str(candidate) for candidate in named)} torch."
+            f"{device.type} names, the device holds only these)",
+        )
+
+    @hookimpl
+    def clip_grad_norm_(
+        self,
+        parameters: list[torch.Tensor],
+        max_norm: float,
+        norm_type: float,
+        device: torch.device,
+    ) -> torch.Tensor | None:
+        """torch's arithmetic on the device; where the backend lacks an operator of it
+        (torch-nntile has no reciprocal, and only the 2-norm), that part runs on the host
+        from the device's answers, before any gradient is scaled."""
+        grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
+        if device.type != privateuse1_name() or not grads:
+            return None  # accel's fallback: torch's clip_grad_norm_ (sharded norms too)
+        try:
+            total = torch.nn.utils.get_total_norm(grads, norm_type, error_if_nonfinite=False)
+        except RuntimeError:  # NotImplementedError is one: an operator the backend lacks
+            norms = [torch.linalg.vector_norm(grad.to("cpu"), norm_type) for grad in grads]
+            total = torch.linalg.vector_norm(torch.stack(norms), norm_type).to(device)
+        scale: torch.Tensor | float
+        try:  # torch's clip_grads_with_norm_, kept on the device: no wait for the norm
+            scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        except RuntimeError:
+            scale = min(max_norm / (float(total.to("cpu")) + 1e-6), 1.0)
+        for grad in grads:
+            grad.mul_(scale)
+        return total
+
+
+@functools.cache
+def _holds(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``device`` can make a tensor of ``dtype`` (asked once per pair)."""
+    try:
+        torch.zeros((), dtype=dtype, device=device)
+    except Exception:  # a backend's refusal, whatever its type
+        return False
+    return True
