@@ -98,6 +98,8 @@ def _move(
         if kept is not None:  # before every post_move_hook: each sees it re-tied
             kept.finish(model, moved, device, context)
         hooks.post_move_hook(moved, device, context)
+        if kept is not None:
+            kept.still_held(moved, device, context)
         if optimizers:
             follow_moved_parameters(optimizers, capture.moved_parameters(moved), device)
     except BaseException as exc:

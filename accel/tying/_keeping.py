@@ -35,7 +35,7 @@ class KeptMove:
     """The ties of one move that unties: remembered from the move's capture, then
     kept on the module the move returns."""
 
-    __slots__ = ("_before", "_snapshot")
+    __slots__ = ("_before", "_kept", "_snapshot")
 
     def __init__(self, before: SlotContents, *, hollow: bool) -> None:
         """Before the move (after every ``pre_move_hook``): the tie groups, derived from
@@ -49,6 +49,7 @@ class KeptMove:
         """
         self._before = before
         self._snapshot = TyingSnapshot._of_slots(before)
+        self._kept = self._snapshot  # the groups on the module the move returned
         if hollow:
             empty_duplicate_slots(list(self._snapshot.groups))
 
@@ -64,6 +65,7 @@ class KeptMove:
         if moved is not model:
             snapshot = _rebased(snapshot, moved)
             self._refill_left_behind(moved)
+        self._kept = snapshot
         report = snapshot.finish_move(moved)
         what = outcome(report, context.tie_check)
         if what != "error" and not report.kept_as_before:
@@ -79,6 +81,26 @@ class KeptMove:
             return
         raise WeightTyingError(
             _blaming(format_tie_failure(report, device), report, context),
+            count_before=report.count_before,
+            count_after=report.count_after,
+            broken_groups=[group.names for group in report.broken],
+            appeared_groups=[group.names for group in report.appeared],
+        )
+
+    def still_held(self, moved: nn.Module, device: torch.device, context: MoveContext) -> None:
+        """After every ``post_move_hook``: the ties kept are still the model's. A hook
+        that broke or made one is reported by ``context.tie_check`` like the move."""
+        report = self._kept.check(moved)
+        if report.ok or context.tie_check == "off":
+            return
+        hooks_note = "A post_move_hook changed the ties after accel had kept them."
+        if context.tie_check == "warn":
+            warn_at_caller(
+                f"{format_tie_failure(report, device, raised=False)}\n{hooks_note}", TyingWarning
+            )
+            return
+        raise WeightTyingError(
+            f"{format_tie_failure(report, device)}\n{hooks_note}",
             count_before=report.count_before,
             count_after=report.count_after,
             broken_groups=[group.names for group in report.broken],
@@ -143,8 +165,9 @@ def _blaming(message: str, report: TieReport, context: MoveContext) -> str:
     """``message`` naming the plugin whose move changed the ties, where it was a plugin's.
 
     Pre-move hooks ran before the snapshot (what they did is the truth), post-move hooks
-    run after the check, and re-tying undoes what a move unties: what is left came from
-    the model's own ``tie_weights()`` (the message says so) or from the move itself.
+    are checked apart (:meth:`KeptMove.still_held`), and re-tying undoes what a move
+    unties: what is left came from the model's own ``tie_weights()`` (the message says
+    so) or from the move itself.
     """
     mover = context.notes.get(MOVED_BY_NOTE)
     if mover is None or report.tie_weights_undone:
