@@ -114,6 +114,16 @@ def test_a_tied_model_goes_there_and_back_tied_with_its_optimizer(
     assert_same_values(reference, back)
 
 
+def test_a_batch_with_a_transposed_view_moves(registry: accel.AcceleratorRegistry) -> None:
+    # torch-opencl copies only contiguous host tensors ("src must be contiguous").
+    acc = registry.get_accelerator(NAME)
+    view = torch.arange(6.0).reshape(2, 3).t()
+    batch = acc.batch_to_device({"x": view, "y": [view, torch.ones(2)]})
+    assert batch["x"].device.type == NAME
+    assert batch["y"][0] is batch["x"], "a tensor twice in the batch came out as two"
+    assert torch.equal(batch["x"].to("cpu"), view)
+
+
 def test_autocast_is_refused_with_a_clear_error(registry: accel.AcceleratorRegistry) -> None:
     # torch-nntile's module names float16 and bfloat16 for autocast but the device makes
     # neither; torch-opencl's names none. A float16 GradScaler would fail at its first step.
