@@ -10,7 +10,11 @@
 #     examples/accel-nntile-plugin.
 # In each env: accel's conformance kit on the device (`accel conformance NAME`: every
 # promise the device can keep holds, what its plugin declares it cannot do is skipped and
-# listed), then the stage's own tests (pytest marker `devices`, tests/devices).
+# listed), then the stage's own tests (pytest marker `devices`, tests/devices). Then the
+# same with the vendor plugin switched off (ACCEL_DISABLE_PLUGIN_AUTOLOAD=1): accel's
+# stand-in for a device type torch drives ("no plugin (torch)") keeps every promise the
+# plugin keeps, under the same declared limits (the plugin package's limits module is
+# importable with autoload off), and tests/devices/test_without_a_plugin.py.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this tree's accel, in child processes too
@@ -101,11 +105,15 @@ fail() {
     exit 1
 }
 
+phase_start=$SECONDS
+took() { echo "   ($((SECONDS - phase_start)) s)"; phase_start=$SECONDS; }
+
 run_device() {
     local name="$1" env="$2"
     shift 2
     echo "-- $name: accel info $name"
     "$env/bin/python" -m accel info "$name" || fail "accel info $name failed"
+    took
     # What the device cannot do is declared in its plugin package, next to its hooks.
     local limits="accel_${name}_plugin.conformance:LIMITS"
     echo "-- $name: the conformance kit (accel conformance $name --limits $limits)"
@@ -113,6 +121,7 @@ run_device() {
     timeout 900 "$env/bin/python" -m accel conformance "$name" --limits "$limits" \
         --json "$reports/$name.json" || status=$?
     [[ $status -eq 0 ]] || fail "the conformance kit failed on $name (exit $status; 124: timed out)"
+    took
     echo "-- $name: pytest -m devices tests/devices/test_$name.py"
     status=0
     timeout 900 "$env/bin/python" -m pytest -p no:cacheprovider -m devices \
@@ -121,7 +130,38 @@ run_device() {
         fail "the $name device tests collected no tests (pytest exit 5); that is a failure"
     fi
     [[ $status -eq 0 ]] || fail "the $name device tests failed (exit $status; 124: timed out)"
+    took
+}
+
+run_without_plugin() {
+    # run_without_plugin NAME ENV SETUP [PYTEST_ARGS...]: SETUP is the Python a user runs
+    # before using accel on the device (torch-nntile has no backend autoload: the user
+    # imports it and starts its context; torch-opencl loads with torch, so nothing).
+    local name="$1" env="$2" setup="$3"
+    shift 3
+    local limits="accel_${name}_plugin.conformance:LIMITS"
+    echo "-- $name without its plugin: the conformance kit (ACCEL_DISABLE_PLUGIN_AUTOLOAD=1, the same --limits $limits)"
+    local status=0
+    ACCEL_DISABLE_PLUGIN_AUTOLOAD=1 timeout 900 "$env/bin/python" -c "$setup
+import sys
+from accel.tools.cli import main
+sys.exit(main(sys.argv[1:]))" conformance "$name" --limits "$limits" \
+        --json "$reports/$name-no-plugin.json" || status=$?
+    [[ $status -eq 0 ]] ||
+        fail "the conformance kit failed on $name without its plugin (exit $status; 124: timed out)"
+    took
+    echo "-- $name without its plugin: pytest -m devices tests/devices/test_without_a_plugin.py"
+    status=0
+    timeout 900 "$env/bin/python" -m pytest -p no:cacheprovider -m devices \
+        tests/devices/test_without_a_plugin.py "$@" || status=$?
+    if [[ $status -eq 5 ]]; then
+        fail "the $name tests without a plugin collected no tests (pytest exit 5); that is a failure"
+    fi
+    [[ $status -eq 0 ]] || fail "the $name tests without a plugin failed (exit $status; 124: timed out)"
+    took
 }
 
 run_device opencl "$opencl_env" "$@"
+run_without_plugin opencl "$opencl_env" "" "$@"
 run_device nntile "$nntile_env" "$@"
+run_without_plugin nntile "$nntile_env" "import torch_nntile; torch_nntile.init_context()" "$@"
