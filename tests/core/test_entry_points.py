@@ -1,8 +1,9 @@
-"""Third-party plugins installed with pip and found through importlib.metadata.
+"""Third-party plugins installed and found through importlib.metadata.
 
-`bash scripts/test` installs examples/accel-example-plugin into the test environment.
-The broken and conflicting fixture distributions (tests/dists/) are pip-installed into
-a private directory and exercised in subprocesses, so they never leak into other tests.
+`bash scripts/test` pip-installs examples/accel-example-plugin into the test environment.
+The broken and conflicting fixture distributions (tests/dists/) are installed into a
+private directory (laid out as pip would, without pip) and exercised in subprocesses, so
+they never leak into other tests.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import accel
-from helpers.installing import pip_install_into
+from helpers.installing import install_fixture_distributions
 from helpers.processes import last_json_line, run_python
 
 EXAMPLE_PROVIDER = "accel-example-plugin 0.1.0"
@@ -35,8 +36,8 @@ def _example_installed() -> None:
 
 @pytest.fixture(scope="session")
 def fixture_dists(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The broken and the conflicting distributions, really pip-installed."""
-    return pip_install_into(
+    """The broken and the conflicting distributions, installed into a private directory."""
+    return install_fixture_distributions(
         tmp_path_factory.mktemp("site"), "accel-broken-plugin", "accel-conflicting-plugin"
     )
 
@@ -219,8 +220,10 @@ def test_an_embedding_library_uses_its_own_entry_point_group(fixture_dists: Path
 
 @pytest.fixture(scope="session")
 def alias_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A distribution disputing the example plugin's alias 'intel-gpu', really pip-installed."""
-    return pip_install_into(tmp_path_factory.mktemp("alias-site"), "accel-alias-plugin")
+    """A distribution disputing the example plugin's alias 'intel-gpu', installed privately."""
+    return install_fixture_distributions(
+        tmp_path_factory.mktemp("alias-site"), "accel-alias-plugin"
+    )
 
 
 def test_an_alias_claimed_by_two_distributions_selects_neither(alias_dist: Path) -> None:

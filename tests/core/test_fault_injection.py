@@ -1,5 +1,6 @@
-"""Plugins that misbehave while loading or probing, really installed, each in a fresh
-interpreter: accel contains the fault, says which plugin it was, and keeps working.
+"""Plugins that misbehave while loading or probing, installed (laid out as pip would,
+without pip), each in a fresh interpreter: accel contains the fault, says which plugin
+it was, and keeps working.
 
 The fixture distribution tests/dists/accel-faulty-plugins has one entry point per fault;
 each test loads only its own with ``ACCEL_PLUGINS=NAME``.
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from helpers.installing import pip_install_into
+from helpers.installing import install_fixture_distributions
 
 PROVIDER = "accel-faulty-plugins 0.0.1"
 TIMEOUT_S = 120
@@ -26,7 +27,9 @@ TIMEOUT_S = 120
 
 @pytest.fixture(scope="session")
 def faulty_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return pip_install_into(tmp_path_factory.mktemp("faulty-site"), "accel-faulty-plugins")
+    return install_fixture_distributions(
+        tmp_path_factory.mktemp("faulty-site"), "accel-faulty-plugins"
+    )
 
 
 def _environment(site: Path, plugin: str) -> dict[str, str]:

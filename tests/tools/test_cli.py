@@ -24,7 +24,7 @@ import torch
 import accel
 import accel.tools._demo
 from accel.tools.cli import main
-from helpers.installing import pip_install_into, write_distribution
+from helpers.installing import install_fixture_distributions, write_distribution
 from helpers.processes import ACCEL_SCRIPT, last_json_line, run_command, run_python
 from helpers.replacing import ReplacingAccelerator
 
@@ -257,8 +257,10 @@ def test_list_json_has_the_accelerator_info_fields(cli: Run) -> None:
 
 @pytest.fixture(scope="session")
 def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """accel-broken-plugin (fails on import), pip-installed into a private directory."""
-    return pip_install_into(tmp_path_factory.mktemp("broken-site"), "accel-broken-plugin")
+    """accel-broken-plugin (fails on import), installed into a private directory."""
+    return install_fixture_distributions(
+        tmp_path_factory.mktemp("broken-site"), "accel-broken-plugin"
+    )
 
 
 def test_list_shows_a_failed_plugin_through_python_m(broken_site: Path) -> None:
