@@ -54,6 +54,12 @@ def registry() -> accel.AcceleratorRegistry:
 
 
 @pytest.fixture
+def acc(registry: accel.AcceleratorRegistry) -> accel.Accelerator:
+    """The CPU accelerator of an isolated registry of the built-ins."""
+    return registry.get_accelerator("cpu")
+
+
+@pytest.fixture
 def meta_tpu() -> accel.Accelerator:
     """The TPU plugin's hooks, moving to the `meta` device (which unties like XLA)."""
     reg = isolated_registry(MetaTpuPlugin(), builtins=False)

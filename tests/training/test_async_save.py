@@ -44,11 +44,6 @@ from helpers.registries import isolated_registry
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
-@pytest.fixture
-def acc() -> accel.Accelerator:
-    return isolated_registry().get_accelerator("cpu")
-
-
 @pytest.fixture(autouse=True)
 def no_save_left_pending() -> Iterator[None]:
     yield

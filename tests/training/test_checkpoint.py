@@ -36,11 +36,6 @@ from accel.training.checkpoint._retention import (
 from helpers.models import TiedLM
 
 
-@pytest.fixture
-def acc() -> accel.Accelerator:
-    return accel.AcceleratorRegistry(entry_points=None).get_accelerator("cpu")
-
-
 def _training_state(seed: int) -> dict[str, Any]:
     torch.manual_seed(seed)
     model = TiedLM()

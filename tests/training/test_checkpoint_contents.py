@@ -15,11 +15,6 @@ import accel
 from helpers.models import TiedLM
 
 
-@pytest.fixture
-def acc() -> accel.Accelerator:
-    return accel.AcceleratorRegistry(entry_points=None).get_accelerator("cpu")
-
-
 def _stepped(model: nn.Module) -> torch.optim.Optimizer:
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.tensor([[1, 2, 3]])).sum().backward()

@@ -23,11 +23,6 @@ from accel.training.checkpoint._rank_generators import (
 )
 
 
-@pytest.fixture
-def acc() -> accel.Accelerator:
-    return accel.AcceleratorRegistry(entry_points=None).get_accelerator("cpu")
-
-
 def _states(acc: accel.Accelerator, count: int) -> list[dict[str, Any]]:
     states = []
     for seed in range(count):
