@@ -26,8 +26,10 @@ __all__ = [
     "AcceleratorTypeError",
     "AcceleratorUnavailableError",
     "AcceleratorValueError",
+    "GradientSyncWarning",
     "PluginError",
     "PluginWarning",
+    "RankGeneratorsWarning",
     "TyingWarning",
     "WeightTyingError",
 ]

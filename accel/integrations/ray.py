@@ -199,7 +199,7 @@ def prepare_data_loader(
     :raises TypeError: ``loader`` is not a ``torch.utils.data.DataLoader``.
     """
     if not isinstance(loader, DataLoader):
-        raise accel.AcceleratorTypeError(
+        raise accel.errors.AcceleratorTypeError(
             f"prepare_data_loader expects a torch.utils.data.DataLoader, got "
             f"{type(loader).__name__}; build one over your dataset, or move the batches "
             f"yourself with acc.batch_to_device"
@@ -208,7 +208,7 @@ def prepare_data_loader(
     if add_dist_sampler and not isinstance(
         loader.sampler, (SequentialSampler, RandomSampler, DistributedSampler)
     ):
-        raise accel.AcceleratorValueError(
+        raise accel.errors.AcceleratorValueError(
             f"prepare_data_loader would replace the loader's {type(loader.sampler).__name__} "
             f"with a DistributedSampler when there are several workers; shard the data in "
             f"your sampler and pass add_dist_sampler=False, or build the loader with "

@@ -26,7 +26,7 @@ from accel.markers import hookimpl
 from accel.training.precision import autocast_to, backend_amp_dtypes
 from accel.types import AcceleratorSpec, Availability
 
-__all__ = ["TorchDevicePlugin", "torch_device_types"]
+__all__: list[str] = []
 
 #: The provider :func:`accel.list_accelerators` shows for these accelerators.
 NO_PLUGIN: Final = "no plugin (torch)"

@@ -14,10 +14,10 @@ Asked for by name, ``tpu`` runs on any configured PJRT device, so
 runtime's device type really is TPU.
 
 Moving a module to or from an XLA device unties its shared parameters; torch's own
-rule says so (see :mod:`accel._core.untying`), and every such move, to ``tpu`` or
-leaving XLA through another accelerator, keeps the ties of before in the move
-transaction (:mod:`accel.tying._keeping`). :class:`TpuPlugin` also declares
-``unties_weights=True``, which only confirms what the rule measures.
+rule says so (docs/tpu.md), and every such move, to ``tpu`` or leaving XLA through
+another accelerator, keeps the ties of before (:mod:`accel.tying` holds the logic).
+:class:`accel.plugins.TpuPlugin` also declares ``unties_weights=True``, which only
+confirms what the rule measures.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from accel.types import AcceleratorSpec, Availability
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TpuPlugin"]
+__all__: list[str] = []  # TpuPlugin is public in accel.plugins
 
 
 def torchtpu_loaded() -> bool:

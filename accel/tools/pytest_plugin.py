@@ -119,7 +119,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def _conformance_target(config: pytest.Config) -> tuple[str, Limits]:
     """The accelerator the kit checks (usable here) and the device's declared limits."""
     from accel.errors import AcceleratorError
-    from accel.testing.conformance import Limits, load_limits
+    from accel.testing.conformance import Limits
+    from accel.testing.conformance._limits import load_limits
 
     requested = _requested(config)
     if requested is None:  # "auto" would check whatever this machine has: say which instead

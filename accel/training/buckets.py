@@ -34,7 +34,7 @@ from accel.errors import AcceleratorTypeError, AcceleratorValueError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BucketCollate", "bucket_length", "bucketed", "pad_to_bucket", "power_of_two_buckets"]
+__all__ = ["BucketCollate", "bucketed", "pad_to_bucket", "power_of_two_buckets"]
 
 #: What a pad value may be: a number every padded element gets.
 PadValue = int | float | bool

@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 
 from accel.errors import AcceleratorTypeError
 
-__all__ = ["DeviceLoader", "MovingLoader", "PrefetchingLoader"]
+__all__ = ["DeviceLoader"]
 
 _Batch = TypeVar("_Batch")
 

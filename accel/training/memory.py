@@ -13,7 +13,7 @@ from typing import Final
 
 from accel.types import MemoryStats
 
-__all__ = ["host_memory_stats"]
+__all__: list[str] = []
 
 
 MEMORY_KEYS: Final = ("allocated_bytes", "peak_allocated_bytes", "total_bytes")

@@ -1,9 +1,9 @@
 """One walker for nested batches and checkpoints, with one set of rules.
 
 Batch moves (:func:`accel.training.batch.move_batch`), every ``device_loader``,
-checkpoints (:func:`accel.training.checkpoint._state.map_tensors`) and SPMD sharding walk
-containers of tensors with :func:`map_nested` or :func:`tensors_in`, so the
-container a training loop receives is the same on every accelerator. The rules:
+checkpoints (``acc.save``, ``acc.load``) and SPMD sharding walk containers of tensors
+with :func:`map_nested`, so the container a training loop receives is the same on every
+accelerator. The rules:
 
 - **mappings** (``dict`` and its subclasses: ``defaultdict`` keeps its factory,
   ``OrderedDict`` its order, a state dict its ``_metadata``; other ``Mapping`` types
@@ -31,7 +31,7 @@ import torch
 
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
-__all__ = ["map_nested", "tensors_in"]
+__all__ = ["map_nested"]
 
 #: Values that are never containers: answered before any container check.
 _ATOMS: Final = (str, bytes, int, float, complex, bool, type(None))

@@ -19,7 +19,7 @@ from accel.errors import AcceleratorTypeError, AcceleratorValueError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["autocast_to", "bfloat16_autocast"]
+__all__ = ["autocast_to"]
 
 
 def autocast_to(

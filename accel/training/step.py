@@ -1,4 +1,6 @@
-"""The parts of a training step plugin authors reuse to implement the step's hooks.
+"""The parts of a training step behind the handle's methods. Plugin authors reuse
+:func:`clip_grad_norm` (the ``clip_grad_norm_`` hook's example calls it); the others are
+accel's own fallbacks and integrations' helpers, outside the public API.
 
 - **Clipping** by total norm, the same on one device, on XLA and under FSDP2:
   ``torch.nn.utils.clip_grad_norm_`` on FSDP2's sharded gradients (``DTensor``)
@@ -35,14 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from accel._util.warn import CallerLine, caller_line, warn_at
 from accel.errors import AcceleratorTypeError, AcceleratorValueError, GradientSyncWarning
 
-__all__ = [
-    "clip_grad_norm",
-    "follow_moved_parameters",
-    "gradient_sync_paused",
-    "retarget_optimizers",
-    "scaled_step",
-    "unwrap_compiled",
-]
+__all__ = ["clip_grad_norm"]
 
 
 def clip_grad_norm(

@@ -1,18 +1,37 @@
 """docs/api.md is the public API, all of it: the test keeps the page and the package's
-``__all__`` lists equal, name for name (see docs/architecture.md)."""
+``__all__`` lists equal, name for name (see docs/architecture.md), and the surface
+small: at most 120 names, each public in one module."""
 
 from __future__ import annotations
 
 import ast
+import builtins
+import importlib
+import inspect
 import re
 from pathlib import Path
 
 import pytest
 
 import accel
+import accel.errors
+import accel.plugins
+import accel.training.step
 
 PACKAGE = Path(accel.__file__).parent
 API_PAGE = PACKAGE.parent / "docs" / "api.md"
+
+#: The most distinct public names accel keeps (issue 38): every name a user, a plugin
+#: author or an embedding library has to learn, a re-export counted once.
+MAX_PUBLIC_NAMES = 120
+#: The modules ``accel`` itself is made of: the top level re-exports names of these only.
+TOP_MODULES = (
+    "accel.accelerator",
+    "accel.errors",
+    "accel.markers",
+    "accel.registry",
+    "accel.types",
+)
 
 # "::: target" and, indented under it, "options:" with "members: false" or a list.
 _BLOCK = re.compile(r"^::: ([\w.]+)\n((?:[ ]{4}.*\n|\n(?=[ ]{4}))*)", re.MULTILINE)
@@ -68,14 +87,16 @@ def _differences(text: str) -> list[str]:
             problems.append(f"{module} is public but not on the page")
             continue
         members = blocks[module]
+        # A name accel re-exports is documented once, at the top of the page.
+        own = sorted(set(names) - top)
         if members is None:
-            if not set(names) <= top:
+            if own:
                 problems.append(
                     f"{module}: members: false, yet its __all__ has names accel does not "
-                    f"export: {sorted(set(names) - top)}"
+                    f"export: {own}"
                 )
-        elif sorted(members) != sorted(names):
-            problems.append(f"{module}: the page lists {members}, __all__ is {names}")
+        elif sorted(members) != own:
+            problems.append(f"{module}: the page lists {sorted(members)}, __all__ is {own}")
     private = [t for t in blocks if any(part.startswith("_") for part in t.split("."))]
     problems += [f"{t} is private but on the page" for t in private]
     unknown = [
@@ -108,3 +129,96 @@ def test_the_api_page_lists_exactly_the_public_names() -> None:
 def test_the_check_finds_each_kind_of_difference(edit: object, expected: str) -> None:
     edited = edit(API_PAGE.read_text())  # type: ignore[operator]
     assert any(expected in problem for problem in _differences(edited))
+
+
+def _public_objects() -> dict[object, list[str]]:
+    """Every public object, and the public paths (``module.name``) that name it: a
+    re-export is the same object, so one entry."""
+    objects: dict[object, list[str]] = {}
+    for module_name, names in _public_modules().items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:  # an integration whose library is not installed
+            module = None
+        for name in names:
+            value = getattr(module, name, None)
+            # A string or a number is the same object wherever it is equal: its path
+            # is its identity. So is the name of a module that cannot be imported here
+            # (each integration defines its own names).
+            plain = module is None or isinstance(value, (str, int, float))
+            key: object = f"{module_name}.{name}" if plain else id(value)
+            objects.setdefault(key, []).append(f"{module_name}.{name}")
+    return objects
+
+
+def _home_problems(objects: dict[object, list[str]]) -> list[str]:
+    """Names public in more than one module, or re-exported by ``accel`` from a module
+    that is not one of :data:`TOP_MODULES`."""
+    problems = []
+    for paths in objects.values():
+        homes = [p for p in paths if p.rpartition(".")[0] != "accel"]
+        if len(homes) > 1:
+            problems.append(f"{sorted(paths)} name one object: keep one home, drop the others")
+        elif len(homes) < len(paths) and homes and homes[0].rpartition(".")[0] not in TOP_MODULES:
+            problems.append(
+                f"accel re-exports {homes[0]}: the top level re-exports names of "
+                f"{', '.join(TOP_MODULES)} only"
+            )
+    # The errors that mirror a built-in are caught as the built-in; their one home is
+    # accel.errors (issue 38).
+    mirrors = [
+        p
+        for paths in objects.values()
+        for p in paths
+        if p.rpartition(".")[0] == "accel"
+        and p.rpartition(".")[2].removeprefix("Accelerator") in vars(builtins)
+    ]
+    problems += [f"{p} mirrors a built-in error: its one home is accel.errors" for p in mirrors]
+    return problems
+
+
+def test_the_surface_is_at_most_120_names() -> None:
+    objects = _public_objects()
+    assert len(objects) <= MAX_PUBLIC_NAMES, (
+        f"{len(objects)} public names (a re-export counted once), at most "
+        f"{MAX_PUBLIC_NAMES}: make private what users and plugin authors do not need"
+    )
+
+
+def test_every_public_name_has_one_home() -> None:
+    assert _home_problems(_public_objects()) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            lambda o: o[id(accel.plugins.TpuPlugin)].append("accel.plugins.tpu.TpuPlugin"),
+            "name one object: keep one home",
+        ),
+        (
+            lambda o: o[id(accel.training.step.clip_grad_norm)].append("accel.clip_grad_norm"),
+            "accel re-exports accel.training.step.clip_grad_norm",
+        ),
+        (
+            lambda o: o[id(accel.errors.AcceleratorKeyError)].append("accel.AcceleratorKeyError"),
+            "accel.AcceleratorKeyError mirrors a built-in error",
+        ),
+    ],
+)
+def test_the_home_check_finds_each_kind_of_problem(edit: object, expected: str) -> None:
+    objects = _public_objects()
+    edit(objects)  # type: ignore[operator]
+    assert any(expected in problem for problem in _home_problems(objects))
+
+
+def test_every_error_and_warning_of_accel_errors_is_public_there() -> None:
+    defined = {
+        name
+        for name, value in vars(accel.errors).items()
+        if inspect.isclass(value)
+        and issubclass(value, Warning | Exception)
+        and value.__module__ == "accel.errors"
+        and not name.startswith("_")
+    }
+    assert defined - set(accel.errors.__all__) == set()

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import accel
-from accel.testing.conformance import CAPABILITIES, Limits, all_promises, load_limits
+from accel.testing.conformance import Limits, all_promises
+from accel.testing.conformance._limits import CAPABILITIES, load_limits
 
 
 def test_every_capability_is_a_field_and_some_promise_needs_it() -> None:

@@ -23,17 +23,7 @@ an error, never a skip.
 
 from __future__ import annotations
 
-from accel.testing.conformance._catalog import Promise, Subject
-from accel.testing.conformance._limits import CAPABILITIES, Limits, load_limits
+from accel.testing.conformance._limits import Limits
 from accel.testing.conformance._runner import Outcome, all_promises, run
 
-__all__ = [
-    "CAPABILITIES",
-    "Limits",
-    "Outcome",
-    "Promise",
-    "Subject",
-    "all_promises",
-    "load_limits",
-    "run",
-]
+__all__ = ["Limits", "Outcome", "all_promises", "run"]

@@ -20,29 +20,22 @@ from __future__ import annotations
 
 from accel.training.checkpoint._async_save import PendingSave
 from accel.training.checkpoint._atomic import atomic_save
-from accel.training.checkpoint._main_process import is_main_process, save_on_main_process
+from accel.training.checkpoint._main_process import save_on_main_process
 from accel.training.checkpoint._preemption import PreemptionGuard
-from accel.training.checkpoint._read import load_checkpoint
 from accel.training.checkpoint._retention import (
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,
     prune_checkpoints,
 )
-from accel.training.checkpoint._rng import device_generators_of
-from accel.training.checkpoint._state import cpu_state_dict
 
 __all__ = [
     "PendingSave",
     "PreemptionGuard",
     "atomic_save",
     "checkpoint_path",
-    "cpu_state_dict",
-    "device_generators_of",
-    "is_main_process",
     "latest_checkpoint",
     "list_checkpoints",
-    "load_checkpoint",
     "prune_checkpoints",
     "save_on_main_process",
 ]
