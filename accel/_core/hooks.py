@@ -1,28 +1,42 @@
 """The hooks of one accelerator, called the way its handle needs them: one typed method
 per hook, so mypy checks every call's arguments and result.
 
-Every call goes through pluggy's own call loop, with pluggy's subset hook caller of the
-accelerator (the other accelerators' plugins removed), built once per hook and kept
-until a plugin is added or removed. Who raised or gave an answer accel cannot use is
-read from pluggy's hook implementation (:mod:`accel._core.blame`).
+Every call goes through pluggy's own call loop (``PluginManager._hookexec``, what
+``HookCaller.__call__`` runs) with the accelerator's implementations of the hook (the
+other accelerators' plugins removed), read once per hook under the dispatch lock and kept
+until a plugin is added or removed. Who raised, or gave an answer accel cannot use, is
+read from pluggy's hook implementation: at registration each implementation is wrapped
+in :func:`blamed`, which notes the plugin on what it raises and records who gave a
+first-result answer. It lives here, not in a module of its own, so a hook call enters
+no accel module beyond this one and the implementation's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Generator, Iterable
 from contextlib import AbstractContextManager
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar, final
+from typing import TYPE_CHECKING, Any, TypeVar, cast, final
 
 import torch
 from torch import nn
 
-from accel._core.blame import who_answered
 from accel._core.compiling import runnable_backend
-from accel._core.listing import FALLBACKS_NAME, HookCall, hook_call
-from accel._util.names import describe_index_range, visibility_hint
+from accel._core.listing import (
+    FALLBACKS_NAME,
+    HookCall,
+    count_problem,
+    describe,
+    hook_call,
+    index_error,
+    no_longer_registered,
+    note_blame,
+    scaler_problem,
+    shown,
+)
 from accel._util.notes import REPORT_TO_AUTHORS
-from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError, PluginError
+from accel.errors import PluginError
 from accel.training.checkpoint._restoring import restored_tensors_problem
 from accel.training.memory import memory_stats_problem
 from accel.tying._keeping import MOVED_BY_NOTE
@@ -33,7 +47,7 @@ if TYPE_CHECKING:
 
     import pluggy
 
-__all__ = ["FALLBACKS_NAME", "AcceleratorHooks", "no_longer_registered"]
+__all__ = ["AcceleratorHooks", "blamed", "no_longer_registered"]
 
 _T = TypeVar("_T")
 
@@ -42,7 +56,7 @@ _T = TypeVar("_T")
 class AcceleratorHooks:
     """The hooks of one accelerator, as its handle calls them."""
 
-    __slots__ = ("_alive", "_calls", "_foreign", "_manager", "_providers", "name")
+    __slots__ = ("_alive", "_calls", "_foreign", "_lock", "_manager", "_providers", "name")
 
     def __init__(
         self,
@@ -50,12 +64,14 @@ class AcceleratorHooks:
         manager: pluggy.PluginManager,
         providers: dict[str, str],
         foreign: Callable[[], Iterable[object]],
+        lock: threading.RLock,
     ):
         #: Canonical accelerator name, passed to every hook as ``accelerator``.
         self.name = name
         self._manager = manager  # the registry's one manager, shared
         self._providers = providers  # plugin name -> provider, shared with the dispatcher
         self._foreign = foreign  # the plugins of the registry's other accelerators
+        self._lock = lock  # the dispatcher's: held while the manager or the owners change
         self._calls: dict[str, HookCall] = {}
         self._alive = True
 
@@ -79,14 +95,7 @@ class AcceleratorHooks:
 
     def device_count(self) -> int:
         """The device count of an accelerator found available."""
-        count, who = self._first("device_count")
-        if isinstance(count, bool) or not isinstance(count, int):
-            raise self._bad("device_count", f"returned {_shown(count)}; expected int", who)
-        if count < 0:
-            raise self._bad(
-                "device_count", f"returned {count}; a device count cannot be negative", who
-            )
-        return count
+        return self._vetted("device_count", count_problem)  # type: ignore[no-any-return]
 
     def device(self, index: int | None, *, requested: str, source: str = "") -> torch.device:
         """The device for ``index`` (``None``: the default one), checked against the count.
@@ -94,17 +103,9 @@ class AcceleratorHooks:
         :param requested: the name as the user wrote it, for the message.
         :param source: where that name came from (``" in $ACCEL_ACCELERATOR"``) or ``""``.
         """
-
         count = self.device_count()  # asked even without an index: a bad count fails early
         if index is not None and index >= count:
-            raise AcceleratorUnavailableError(
-                f"device index {index} requested ({requested!r}{source}) but "
-                f"{self.name!r} has {count} device{'s' if count != 1 else ''} here "
-                f"(valid: {', '.join(str(i) for i in range(count)) or 'none'}). "
-                f"{_index_remedy(self.name, count)}",
-                accelerator=self.name,
-                reason=f"index {index} >= device count {count}",
-            )
+            raise index_error(self.name, index, count, f"{requested!r}{source}")
         return self._expect("get_device", torch.device, index=index)
 
     def distributed_backend(self) -> str:
@@ -147,13 +148,14 @@ class AcceleratorHooks:
         scaler: torch.amp.GradScaler | None = None,
     ) -> Any:
         call = self._calls.get("optimizer_step") or self._build("optimizer_step")
-        return call.caller(
-            accelerator=self.name,
-            optimizer=optimizer,
-            closure=closure,
-            device=device,
-            scaler=scaler,
-        )
+        kwargs = {
+            "accelerator": self.name,
+            "optimizer": optimizer,
+            "closure": closure,
+            "device": device,
+            "scaler": scaler,
+        }
+        return call.execute("optimizer_step", call.implementations, kwargs, True)
 
     def clip_grad_norm_(
         self,
@@ -170,7 +172,7 @@ class AcceleratorHooks:
             device=device,
         )
         if not isinstance(norm, torch.Tensor):
-            raise self._bad("clip_grad_norm_", f"returned {_shown(norm)}; expected a tensor", who)
+            raise self._bad("clip_grad_norm_", f"returned {shown(norm)}; expected a tensor", who)
         return norm
 
     def no_sync(
@@ -179,36 +181,30 @@ class AcceleratorHooks:
         return self._context("no_sync", model=model, enabled=enabled, device=device)
 
     def grad_scaler(self, device: torch.device, options: dict[str, Any]) -> torch.amp.GradScaler:
-        scaler, who = self._first("grad_scaler", device=device, options=options)
-        missing = [
-            name
-            for name in ("scale", "unscale_", "step", "update")
-            if not callable(getattr(scaler, name, None))
-        ]
-        if missing:
-            raise self._bad(
-                "grad_scaler",
-                f"returned {type(scaler).__name__}, not a GradScaler (no {', '.join(missing)})",
-                who,
-            )
-        return scaler  # type: ignore[no-any-return]
+        return self._vetted(  # type: ignore[no-any-return]
+            "grad_scaler", scaler_problem, device=device, options=options
+        )
 
     def compile_backend(self, device: torch.device) -> str | Callable[..., Any]:
         backend, who = self._first("compile_backend", device=device)
         if not (isinstance(backend, str) and backend) and not callable(backend):
             raise self._bad(
                 "compile_backend",
-                f"returned {_shown(backend)}; expected a backend name or a backend callable",
+                f"returned {shown(backend)}; expected a backend name or a backend callable",
                 who,
             )
         return runnable_backend(backend, device)  # inductor only where it has codegen
 
     def mark_step(self, device: torch.device) -> None:
+        # The hot calls skip _call's frame; what they raise is noted by the shim.
         call = self._calls.get("mark_step") or self._build("mark_step")
-        call.caller(accelerator=self.name, device=device)
+        kwargs = {"accelerator": self.name, "device": device}
+        call.execute("mark_step", call.implementations, kwargs, True)
 
     def synchronize(self, device: torch.device) -> None:
-        self._call("synchronize", device=device)
+        call = self._calls.get("synchronize") or self._build("synchronize")
+        kwargs = {"accelerator": self.name, "device": device}
+        call.execute("synchronize", call.implementations, kwargs, True)
 
     def manual_seed(self, seed: int, device: torch.device) -> None:
         torch.manual_seed(seed)  # the host's generators are accel's (as in rng_state)
@@ -261,18 +257,10 @@ class AcceleratorHooks:
     def describe(self, plugin_name: str | None, hook_name: str) -> str:
         """Name the plugin that answered ``hook_name`` (``None``: not known, so every
         plugin that may have answered), with its provider, for messages."""
-        if plugin_name == FALLBACKS_NAME:
-            return "accel's built-in fallback"
-        if plugin_name is not None:
-            return f"plugin {plugin_name!r} ({self.provider_of(plugin_name)})"
-        names = [
-            impl.plugin_name
-            for impl in self._build(hook_name).caller.get_hookimpls()
-            if not (impl.wrapper or impl.hookwrapper) and impl.plugin_name != FALLBACKS_NAME
-        ]
-        if not names:
-            return "accel's built-in fallback"
-        return "plugin " + " or ".join(f"{n!r} ({self.provider_of(n)})" for n in reversed(names))
+        known = plugin_name is not None
+        return describe(
+            plugin_name, () if known else self._build(hook_name).implementations, self.provider_of
+        )
 
     def provider_of(self, plugin_name: str) -> str:
         return self._providers.get(plugin_name, "registered in code")
@@ -280,27 +268,28 @@ class AcceleratorHooks:
     # -- calling ----------------------------------------------------------------------
 
     def _call(self, hook_name: str, **kwargs: Any) -> Any:
-        """Call the hook through pluggy's own loop (this accelerator's subset caller)."""
+        """Call the hook through pluggy's own loop with this accelerator's hooks."""
         call = self._calls.get(hook_name) or self._build(hook_name)
+        kwargs["accelerator"] = self.name
         try:
-            result = call.caller(accelerator=self.name, **kwargs)
+            return call.execute(hook_name, call.implementations, kwargs, call.firstresult)
         except Exception as exc:
             self._check_alive(exc)
             raise
-        return result
 
     def _first(self, hook_name: str, **kwargs: Any) -> tuple[Any, str | None]:
         """A first-result hook's answer, and the plugin that gave it (``None``: nobody
         answered, or a plugin's wrapper may have changed the answer)."""
         call = self._calls.get(hook_name) or self._build(hook_name)
+        kwargs["accelerator"] = self.name
         try:
-            result = call.caller(accelerator=self.name, **kwargs)
+            result = call.execute(hook_name, call.implementations, kwargs, True)
         except Exception as exc:
             self._check_alive(exc)
             raise
         if result is None or call.has_wrapper:
             return result, None
-        return result, who_answered()
+        return result, getattr(_answered, "who", None)
 
     def _context(self, hook_name: str, **kwargs: Any) -> AbstractContextManager[Any]:
         """A first-result hook's answer, checked to be a context manager."""
@@ -316,7 +305,7 @@ class AcceleratorHooks:
         result, who = self._first(hook_name, **kwargs)
         if isinstance(result, expected) and not (isinstance(result, bool) and expected is int):
             return result
-        raise self._bad(hook_name, f"returned {_shown(result)}; expected {expected.__name__}", who)
+        raise self._bad(hook_name, f"returned {shown(result)}; expected {expected.__name__}", who)
 
     def _vetted(self, hook_name: str, problem: Callable[[Any], str | None], **kwargs: Any) -> Any:
         """A first-result hook's answer, unless ``problem`` finds it wrong (then raised)."""
@@ -341,44 +330,64 @@ class AcceleratorHooks:
 
     def _build(self, hook_name: str) -> HookCall:
         """The hook's call for this accelerator, cached until a plugin is added or
-        removed (the dispatcher then calls :meth:`_forget`)."""
-        if not self._alive:
-            raise no_longer_registered(self.name)
-        calls = self._calls
-        call = calls.get(hook_name)
-        if call is None:
-            call = hook_call(self._manager, hook_name, self._foreign())
-            calls[hook_name] = call
-        return call
+        removed (the dispatcher then calls :meth:`_forget`). Read under the dispatch
+        lock: the implementations and the other accelerators' plugins of one moment,
+        never a plugin registered half-way through (it would answer for this one)."""
+        with self._lock:
+            if not self._alive:
+                raise no_longer_registered(self.name)
+            call = self._calls.get(hook_name)
+            if call is None:
+                call = hook_call(self._manager, hook_name, self._foreign())
+                self._calls[hook_name] = call
+            return call
 
-    # -- kept in step with the registry by the dispatcher -------------------------
+    # -- kept in step with the registry by the dispatcher (under its lock) ----------
 
     def _retire(self) -> None:
-        # The calls built stay: a call that already has its hooks finishes with them.
         self._alive = False
+        self._calls = {}  # the next call raises; one in flight finishes with its hooks
 
     def _forget(self) -> None:
-        if self._alive:
-            self._calls = {}  # a new dict: a call in flight keeps the one it read
+        self._calls = {}  # a new dict: a call in flight keeps the snapshot it read
 
 
-def _shown(value: object) -> str:
-    return f"{type(value).__name__} ({value!r})"
+# -- blame: naming the plugin at fault, from pluggy's hook implementation ----------
+
+# Per thread: the plugin whose implementation last gave a first-result hook's answer.
+_answered = threading.local()
 
 
-def _index_remedy(accelerator: str, count: int) -> str:
-    if accelerator == "cpu":
-        return "The CPU accelerator has one device: use 'cpu'."
-    hint = visibility_hint(accelerator)  # named by its device type (cuda), or no hint
-    also = f", or check {hint}" if hint else ""
-    return f"Ask for {describe_index_range(accelerator, count)}{also}."
+def blamed(
+    impl: pluggy.HookImpl,
+    hook_name: str,
+    provider_of: Callable[[str], str],
+    firstresult: bool,
+) -> Callable[..., Any]:
+    """``impl``'s function, naming its plugin on what it raises (an exception note)
+    and recording it as the answerer of a first-result hook (read by ``_first``)."""
+    function = impl.function
+    name = impl.plugin_name
 
+    if impl.wrapper or impl.hookwrapper:
 
-def no_longer_registered(accelerator: str) -> AcceleratorNotFoundError:
-    return AcceleratorNotFoundError(
-        f"accelerator {accelerator!r} is no longer registered in this registry (its plugin "
-        f"was unregistered); select one again with get_accelerator()",
-        requested=accelerator,
-        known=[],
-        suggestion=None,
-    )
+        def wrapper(*args: Any) -> Generator[Any, Any, Any]:
+            try:
+                return (yield from cast("Generator[Any, Any, Any]", function(*args)))
+            except Exception as exc:  # an inner implementation's is noted already
+                note_blame(exc, hook_name, name, provider_of(name))
+                raise
+
+        return wrapper
+
+    def plain(*args: Any) -> Any:
+        try:
+            result = function(*args)
+        except Exception as exc:
+            note_blame(exc, hook_name, name, provider_of(name))
+            raise
+        if firstresult and result is not None:
+            _answered.who = name
+        return result
+
+    return plain

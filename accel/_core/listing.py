@@ -1,14 +1,33 @@
-"""What accel knows of each hook: the action hooks, the fallbacks' plugin name, and the
-call of one hook for one accelerator (pluggy's subset hook caller, built once)."""
+"""What accel knows of each hook: the action hooks, the fallbacks' plugin name, the
+call of one hook for one accelerator (its implementations, read from pluggy once), and
+what accel says when a hook fails (only ever entered on that path)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import pluggy
 
-__all__ = ["ACTION_HOOKS", "FALLBACKS_NAME", "HookCall", "hook_call", "plain_implementers"]
+from accel._util.names import describe_index_range, visibility_hint
+from accel._util.notes import add_note
+from accel.errors import AcceleratorNotFoundError, AcceleratorUnavailableError
+
+__all__ = [
+    "ACTION_HOOKS",
+    "FALLBACKS_NAME",
+    "HookCall",
+    "count_problem",
+    "describe",
+    "hook_call",
+    "index_error",
+    "no_longer_registered",
+    "note_blame",
+    "plain_implementers",
+    "scaler_problem",
+    "shown",
+]
 
 #: The plugin name of accel's fallbacks in every registry's manager.
 FALLBACKS_NAME: Final = "accel.fallbacks"
@@ -19,13 +38,24 @@ ACTION_HOOKS: Final = frozenset(
     {"optimizer_step", "mark_step", "synchronize", "manual_seed", "save", "set_rng_state"}
 )
 
+#: pluggy's call loop, as ``PluginManager._hookexec`` takes it: hook name, the
+#: implementations (called last to first), the call's arguments, first result or not.
+Execute = Callable[[str, Sequence[pluggy.HookImpl], Mapping[str, object], bool], Any]
+
 
 class HookCall(NamedTuple):
-    """One hook as one accelerator calls it."""
+    """One hook as one accelerator calls it: ``execute(name, implementations, kwargs,
+    firstresult)`` is what pluggy's ``HookCaller.__call__`` does, without filtering
+    the subset and building the list again on every call."""
 
-    #: pluggy's caller without the plugins of other accelerators (and, for an action
-    #: hook a plugin does itself, without accel's fallback).
-    caller: pluggy.HookCaller
+    name: str
+    #: The hook's implementations in pluggy's order, without the plugins of other
+    #: accelerators (and, for an action hook a plugin does itself, without accel's
+    #: fallback): a snapshot, so a call keeps the hooks it started with.
+    implementations: tuple[pluggy.HookImpl, ...]
+    firstresult: bool
+    #: The manager's ``_hookexec``: pluggy's own loop (``_multicall``, or its tracer).
+    execute: Execute
     #: A plugin's wrapper is among the implementations: it may change the answer.
     has_wrapper: bool
     #: accel's fallback is the only implementation.
@@ -50,18 +80,117 @@ def plain_implementers(
 
 
 def hook_call(manager: pluggy.PluginManager, hook_name: str, foreign: Iterable[object]) -> HookCall:
-    """The call of ``hook_name`` without the ``foreign`` plugins (pluggy's own
-    :meth:`~pluggy.PluginManager.subset_hook_caller`); for an action hook that a plugin
-    does itself, without accel's fallback too."""
+    """The call of ``hook_name`` without the ``foreign`` plugins (the subset pluggy's
+    :meth:`~pluggy.PluginManager.subset_hook_caller` would call); for an action hook
+    that a plugin does itself, without accel's fallback too. Read under the registry's
+    dispatch lock, so the implementations and ``foreign`` are of one moment."""
     removed = set(foreign)
     if hook_name in ACTION_HOOKS and plain_implementers(manager, hook_name, removed):
         removed.add(manager.get_plugin(FALLBACKS_NAME))
-    caller = manager.subset_hook_caller(hook_name, removed)
-    implementations: list[Any] = caller.get_hookimpls()
+    caller = getattr(manager.hook, hook_name)
+    spec = caller.spec
+    # Every typed call passes every argument of the spec, so pluggy's defaults for
+    # missing ones (HookCaller.__call__ applies them) are never needed: no spec in
+    # accel.hookspecs has defaults (tests/core/test_action_hooks.py checks).
+    implementations = tuple(i for i in caller.get_hookimpls() if i.plugin not in removed)
     return HookCall(
-        caller=caller,
+        name=hook_name,
+        implementations=implementations,
+        firstresult=bool(spec and spec.opts.get("firstresult")),
+        execute=manager._hookexec,
         has_wrapper=any(
             not _is_plain(impl) and impl.plugin_name != FALLBACKS_NAME for impl in implementations
         ),
         fallback_only=all(impl.plugin_name == FALLBACKS_NAME for impl in implementations),
+    )
+
+
+# -- what accel says when a hook fails ----------------------------------------------
+
+
+def note_blame(exc: BaseException, hook_name: str, plugin_name: str, provider: str) -> None:
+    """Note on ``exc`` the hook and plugin it was raised in (the innermost one only)."""
+    if getattr(exc, "_accel_noted", False):  # the innermost implementation is at fault
+        return
+    add_note(exc, f"raised in hook {hook_name!r} of plugin {plugin_name!r} ({provider})")
+    with contextlib.suppress(AttributeError):
+        exc._accel_noted = True  # type: ignore[attr-defined]
+
+
+def describe(
+    plugin_name: str | None,
+    implementations: Iterable[pluggy.HookImpl],
+    provider_of: Callable[[str], str],
+) -> str:
+    """Name the plugin that answered (``None``: not known, so each plain one of
+    ``implementations`` that may have), with its provider, for messages."""
+    if plugin_name == FALLBACKS_NAME:
+        return "accel's built-in fallback"
+    if plugin_name is not None:
+        return f"plugin {plugin_name!r} ({provider_of(plugin_name)})"
+    names = [
+        impl.plugin_name
+        for impl in implementations
+        if _is_plain(impl) and impl.plugin_name != FALLBACKS_NAME
+    ]
+    if not names:
+        return "accel's built-in fallback"
+    return "plugin " + " or ".join(f"{n!r} ({provider_of(n)})" for n in reversed(names))
+
+
+def shown(value: object) -> str:
+    return f"{type(value).__name__} ({value!r})"
+
+
+def count_problem(count: object) -> str | None:
+    """What is wrong with a ``device_count`` answer, or ``None``."""
+    if isinstance(count, bool) or not isinstance(count, int):
+        return f"returned {shown(count)}; expected int"
+    if count < 0:
+        return f"returned {count}; a device count cannot be negative"
+    return None
+
+
+def scaler_problem(scaler: object) -> str | None:
+    """What is wrong with a ``grad_scaler`` answer, or ``None``."""
+    missing = [
+        name
+        for name in ("scale", "unscale_", "step", "update")
+        if not callable(getattr(scaler, name, None))
+    ]
+    if missing:
+        return f"returned {type(scaler).__name__}, not a GradScaler (no {', '.join(missing)})"
+    return None
+
+
+def index_error(
+    accelerator: str, index: int, count: int, requested: str
+) -> AcceleratorUnavailableError:
+    """A device index beyond the count (``requested``: the name as written, and where
+    it came from)."""
+    return AcceleratorUnavailableError(
+        f"device index {index} requested ({requested}) but "
+        f"{accelerator!r} has {count} device{'s' if count != 1 else ''} here "
+        f"(valid: {', '.join(str(i) for i in range(count)) or 'none'}). "
+        f"{_index_remedy(accelerator, count)}",
+        accelerator=accelerator,
+        reason=f"index {index} >= device count {count}",
+    )
+
+
+def _index_remedy(accelerator: str, count: int) -> str:
+    if accelerator == "cpu":
+        return "The CPU accelerator has one device: use 'cpu'."
+    hint = visibility_hint(accelerator)  # named by its device type (cuda), or no hint
+    also = f", or check {hint}" if hint else ""
+    return f"Ask for {describe_index_range(accelerator, count)}{also}."
+
+
+def no_longer_registered(accelerator: str) -> AcceleratorNotFoundError:
+    return AcceleratorNotFoundError(
+        f"accelerator {accelerator!r} is no longer registered in this registry (its plugin "
+        f"was unregistered); select one again with get_accelerator()",
+        requested=accelerator,
+        known=[],
+        suggestion=None,
     )

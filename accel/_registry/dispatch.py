@@ -1,21 +1,27 @@
 """Hook dispatch: one pluggy manager per registry; every accelerator calls only its own
 plugin, the cross-cutting ones and accel's fallbacks.
 
-Each accelerator's :class:`~accel._core.hooks.AcceleratorHooks` calls pluggy's subset
-hook caller without the other accelerators' plugins, built once per hook and rebuilt
-after a plugin is added or removed.
+Each accelerator's :class:`~accel._core.hooks.AcceleratorHooks` calls pluggy's loop
+with the hook's implementations minus the other accelerators' plugins, read once per
+hook and read again after a plugin is added or removed. One lock covers the manager, the
+owners and those reads, so a call's implementations are always of one moment.
 """
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from typing import final
 
 import pluggy
 
-from accel._core.blame import blame_implementations
-from accel._core.hooks import FALLBACKS_NAME, AcceleratorHooks, no_longer_registered
-from accel._core.listing import ACTION_HOOKS, plain_implementers
+from accel._core.hooks import AcceleratorHooks, blamed
+from accel._core.listing import (
+    ACTION_HOOKS,
+    FALLBACKS_NAME,
+    no_longer_registered,
+    plain_implementers,
+)
 from accel._registry.declarations import check_hook_names, new_plugin_manager
 from accel.errors import PluginError
 
@@ -26,7 +32,7 @@ __all__ = ["AcceleratorHooks", "Dispatcher"]
 class Dispatcher:
     """The plugin manager of one registry, and each accelerator's hooks."""
 
-    __slots__ = ("_departed", "_hooks", "_manager", "_owners", "_providers")
+    __slots__ = ("_hooks", "_lock", "_manager", "_owners", "_providers")
 
     def __init__(self, fallbacks: object) -> None:
         self._manager = new_plugin_manager()
@@ -34,9 +40,10 @@ class Dispatcher:
         # Each accelerator plugin and the accelerators it declared.
         self._owners: dict[object, tuple[str, ...]] = {}
         self._hooks: dict[str, AcceleratorHooks] = {}
-        # Accelerator plugins unregistered since the last change: still in the manager
-        # (left out of every call), so a handle's call in flight finishes with them.
-        self._departed: list[object] = []
+        # Held while the manager, the owners or the hooks change, and while an
+        # accelerator reads a hook's implementations (AcceleratorHooks._build). A call
+        # runs on the snapshot it read, so a plugin unregistered meanwhile finishes it.
+        self._lock = threading.RLock()
         self.add_plugin(fallbacks, FALLBACKS_NAME, "built-in", accelerators=[])
 
     def owns(self, hooks: AcceleratorHooks) -> bool:
@@ -49,11 +56,10 @@ class Dispatcher:
 
     def unique_name(self, label: str, plugin: object) -> str:
         """``label``, or ``label`` made unique if another plugin already has it."""
-        self._flush_departed()
         return label if self._manager.get_plugin(label) is None else f"{label}-{id(plugin):x}"
 
     def is_registered(self, plugin: object) -> bool:
-        return self._manager.is_registered(plugin) and plugin not in self._departed
+        return self._manager.is_registered(plugin)
 
     def add_plugin(
         self, plugin: object, name: str, provider: str, *, accelerators: list[str]
@@ -64,7 +70,12 @@ class Dispatcher:
         :raises PluginError: its hooks do not fit accel's specs, or it does an action
             hook that another plugin already does for one of the same accelerators.
         """
-        self._flush_departed()
+        with self._lock:
+            self._add_plugin(plugin, name, provider, accelerators)
+
+    def _add_plugin(
+        self, plugin: object, name: str, provider: str, accelerators: list[str]
+    ) -> None:
         try:
             self._manager.register(plugin, name=name)
         except (ValueError, pluggy.PluginValidationError) as exc:
@@ -84,25 +95,29 @@ class Dispatcher:
             self._owners.pop(plugin, None)
             self._providers.pop(name, None)
             raise
-        blame_implementations(self._manager, plugin, self._provider_of)
+        self._blame(plugin)
         for accelerator in accelerators:
             self._hooks[accelerator] = AcceleratorHooks(
-                accelerator, self._manager, self._providers, partial(self._foreign, accelerator)
+                accelerator,
+                self._manager,
+                self._providers,
+                partial(self._foreign, accelerator),
+                self._lock,
             )
         self._forget()
 
     def remove_plugin(self, plugin: object, accelerators: list[str]) -> None:
         """Unregister ``plugin``; retire its accelerators' hooks."""
-        self._flush_departed()
-        for accelerator in accelerators:
-            hooks = self._hooks.pop(accelerator, None)
-            if hooks is not None:
-                hooks._retire()
-        if plugin in self._owners:
-            self._departed.append(plugin)  # unregistered from the manager at the next change
-        else:
-            self._unregister(plugin)
-        self._forget()
+        with self._lock:
+            for accelerator in accelerators:
+                hooks = self._hooks.pop(accelerator, None)
+                if hooks is not None:
+                    hooks._retire()
+            name = self._manager.get_name(plugin)
+            self._manager.unregister(plugin)
+            self._providers.pop(name or "", None)
+            self._owners.pop(plugin, None)
+            self._forget()
 
     def hooks(self, accelerator: str) -> AcceleratorHooks:
         hooks = self._hooks.get(accelerator)
@@ -112,26 +127,29 @@ class Dispatcher:
 
     # -- internals -------------------------------------------------------------------
 
-    def _unregister(self, plugin: object) -> None:
-        name = self._manager.get_name(plugin)
-        self._manager.unregister(plugin)
-        self._providers.pop(name or "", None)
-        self._owners.pop(plugin, None)
-
-    def _flush_departed(self) -> None:
-        departed, self._departed = self._departed, []
-        for plugin in departed:
-            self._unregister(plugin)
+    def _blame(self, plugin: object) -> None:
+        """Wrap each of ``plugin``'s hook implementations in :func:`blamed`: what it
+        raises names it, and a first-result answer records it. pluggy read each one's
+        argument names from the function itself, so a wrapper taking ``*args`` is
+        called exactly as the function was."""
+        for caller in self._manager.get_hookcallers(plugin) or []:
+            spec = caller.spec
+            firstresult = bool(spec is not None and spec.opts.get("firstresult"))
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin:
+                    # Final in pluggy's stubs, a plain slot at run time: pluggy calls
+                    # impl.function(*args) with the names it read at registration.
+                    impl.function = blamed(  # type: ignore[misc]
+                        impl, caller.name, self._provider_of, firstresult
+                    )
 
     def _provider_of(self, plugin_name: str) -> str:
         return self._providers.get(plugin_name, "registered in code")
 
     def _foreign(self, accelerator: str | None) -> list[object]:
-        """The plugins of every accelerator but ``accelerator`` (``None``: of all); a
-        plugin unregistered since the last change still counts (its accelerators are
-        retired, so it is left out of every live accelerator's calls)."""
-        owners = list(self._owners.items())  # a copy: another thread may register meanwhile
-        return [p for p, names in owners if accelerator not in names]
+        """The plugins of every accelerator but ``accelerator`` (``None``: of all).
+        Call with the lock held."""
+        return [p for p, names in self._owners.items() if accelerator not in names]
 
     def _forget(self) -> None:
         for hooks in self._hooks.values():

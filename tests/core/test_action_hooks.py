@@ -90,3 +90,84 @@ def test_an_error_in_a_plugins_hook_names_the_hook_and_the_plugin() -> None:
         acc.synchronize()
     notes = getattr(info.value, "__notes__", [])
     assert any("'synchronize'" in n and "Raises" in n for n in notes), notes
+
+
+def test_every_hook_call_goes_through_pluggys_call_loop_with_its_specs_arguments() -> None:
+    # pluggy's own monitoring sits in its call loop (PluginManager._hookexec): a hook
+    # that accel called by itself, or through a loop of its own, would not be seen.
+    registry = isolated_registry()
+    manager = registry._loaded().dispatcher.validator()
+    seen: dict[str, set[str]] = {}
+
+    def before(hook_name: str, implementations: object, kwargs: dict[str, object]) -> None:
+        seen.setdefault(hook_name, set()).update(kwargs)
+
+    undo = manager.add_hookcall_monitoring(before, lambda *args: None)
+    try:
+        cpu = registry.get_accelerator("cpu")
+        _model, optimizer = _model_and_optimizer()
+        cpu.batch_to_device({"x": torch.ones(1)})
+        cpu.optimizer_step(optimizer)
+        cpu.mark_step()
+        cpu.synchronize()
+        cpu.manual_seed(0)
+        cpu.memory_stats()
+        with cpu.autocast():
+            pass
+    finally:
+        undo()
+    called = {
+        "is_available",
+        "device_count",
+        "get_device",
+        "batch_to_device",
+        "optimizer_step",
+        "mark_step",
+        "synchronize",
+        "manual_seed",
+        "memory_stats",
+        "autocast",
+    }
+    assert called <= set(seen), sorted(called - set(seen))
+    for hook_name, arguments in seen.items():
+        spec = getattr(manager.hook, hook_name).spec
+        assert arguments == set(spec.argnames), hook_name
+
+
+def test_a_wrapper_registered_later_runs_around_the_hot_calls() -> None:
+    # mark_step and synchronize take the shortest path into pluggy's loop: a wrapper
+    # registered after their first call still runs around them (the snapshot is new).
+    registry = isolated_registry()
+    cpu = registry.get_accelerator("cpu")
+    cpu.mark_step()
+    cpu.synchronize()
+    calls: list[str] = []
+
+    class AroundSteps:
+        @accel.hookimpl(wrapper=True)
+        def mark_step(self) -> Generator[None, Any, Any]:
+            calls.append("mark_step")
+            return (yield)
+
+        @accel.hookimpl(wrapper=True)
+        def synchronize(self) -> Generator[None, Any, Any]:
+            calls.append("synchronize")
+            return (yield)
+
+    registry.register(AroundSteps())
+    cpu.mark_step()
+    cpu.synchronize()
+    assert calls == ["mark_step", "synchronize"]
+
+
+def test_no_hookspec_has_default_arguments() -> None:
+    # accel passes every argument of a spec itself, straight into pluggy's call loop
+    # (no HookCaller.__call__ to fill in defaults): a default would never apply.
+    registry = isolated_registry()
+    manager = registry._loaded().dispatcher.validator()
+    with_defaults = {
+        name: caller.spec.kwargdefaults
+        for name, caller in vars(manager.hook).items()
+        if caller.spec is not None and caller.spec.kwargdefaults
+    }
+    assert with_defaults == {}

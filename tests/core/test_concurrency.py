@@ -434,3 +434,54 @@ def test_a_moved_model_still_copies_and_pickles(meta_tpu: accel.Accelerator) -> 
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert clone.head.weight is clone.embed.weight
         assert not any("lock" in name.lower() for name in vars(clone))
+
+
+class _Snoop:
+    """An accelerator plugin that notes every call it gets for another accelerator."""
+
+    def __init__(self, strays: list[str]) -> None:
+        self.strays = strays
+
+    @accel.hookimpl
+    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
+        return [accel.AcceleratorSpec(name="snoop", priority=50)]
+
+    @accel.hookimpl
+    def is_available(self, accelerator: str) -> accel.Availability:
+        if accelerator != "snoop":
+            self.strays.append(accelerator)
+        return accel.Availability(False, reason="a snoop")
+
+
+def test_a_plugin_registered_while_another_accelerator_reads_its_hooks_never_answers_for_it(
+    busy_switching: None,
+) -> None:
+    """One thread registers and unregisters a plugin as fast as it can while others
+    select the CPU: each selection reads the CPU's implementations of a hook at one
+    moment, so the churned plugin is never among them (it would say the CPU is not
+    available)."""
+    registry = isolated_registry()
+    strays: list[str] = []
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            plugin = _Snoop(strays)
+            registry.register(plugin)
+            registry.unregister(plugin)
+
+    def select() -> None:
+        deadline = time.monotonic() + STRESS_SECONDS / 2
+        while time.monotonic() < deadline and not strays:
+            assert registry.get_accelerator("cpu").is_available()
+        stop.set()
+
+    churner = threading.Thread(target=churn, daemon=True)
+    churner.start()
+    try:
+        errors = _run_threads([select] * 3)
+    finally:
+        stop.set()
+        churner.join(JOIN_TIMEOUT_S)
+    assert not strays, f"the churned plugin answered for {sorted(set(strays))}"
+    assert not errors, "\n".join(errors)
