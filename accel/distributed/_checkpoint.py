@@ -100,13 +100,13 @@ def save_sharded(
 
     With ``asynchronous=True`` it returns once DCP's ``async_save`` has copied the
     state to the host, and the writes and the rename run in the background; the
-    :class:`~accel.training.checkpoint._async_save.PendingSave` it returns has ``wait()`` and
+    :class:`~accel.training.checkpoint.PendingSave` it returns has ``wait()`` and
     ``done()`` (on every rank). Like :meth:`Accelerator.save`, it first waits for the
     pending save and raises its failure.
 
     :raises TypeError: ``state`` is not a dict, or holds no module or two.
     :raises FileExistsError: ``path`` exists already (sharded checkpoints are written
-        once: name them by step with :func:`accel.training.checkpoint._retention.checkpoint_path`).
+        once: name them by step with :func:`accel.training.checkpoint.checkpoint_path`).
     :raises ValueError: ``asynchronous=True`` under XLA SPMD.
     """
 
@@ -157,9 +157,9 @@ def load_sharded(path: str | os.PathLike[str], state: Mapping[str, Any]) -> dict
 
     It reads :func:`save_sharded`'s checkpoints and those ``torch.distributed.checkpoint.save``
     wrote without accel (``{"model": ..., "optimizer": ..., "step": 7}``, plain values at
-    the top level; an optimizer's state keyed by parameter name or by number): see
-    :mod:`accel.distributed._dcp_layouts`. The world size may differ from the one that
-    saved (DCP reshards). Under XLA SPMD the model and its optimizers are loaded in
+    the top level; an optimizer's state keyed by parameter name or by number; see "the
+    layouts load_sharded reads" in docs/distributed.md). The world size may differ from
+    the one that saved (DCP reshards). Under XLA SPMD the model and its optimizers are loaded in
     place through torch_xla's ``SPMDLoadPlanner`` (shardings and ties kept); an
     optimizer without state is primed first, as DCP loads only into tensors that exist.
 

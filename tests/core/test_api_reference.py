@@ -222,3 +222,90 @@ def test_every_error_and_warning_of_accel_errors_is_public_there() -> None:
         and not name.startswith("_")
     }
     assert defined - set(accel.errors.__all__) == set()
+
+
+# "accel.x.y" in text: the paths a docstring or a message sends a reader to.
+_DOTTED = re.compile(r"(?<![\w.])accel(?:\.\w+)+")
+# Docstrings that still name a path outside the public API, in files another engineer
+# owns (issue 38, item 5): each entry goes when its docstring is fixed.
+_AWAITING = {
+    "accel.registry: accel._registry.catalog",
+    "accel.registry: accel._registry.dispatch",
+    "accel.registry: accel._registry.loading",
+    "accel.registry: accel._registry.selection",
+    "accel.hookspecs.memory_stats: accel.training.memory.MemoryStats",
+    "accel.hookspecs.no_sync: accel.training.step.gradient_sync_paused",
+    "accel.hookspecs.state_dict: accel.training.checkpoint.cpu_state_dict",
+    "accel.hookspecs.load: accel.training.checkpoint.load_checkpoint",
+}
+
+
+def _is_public_path(path: str, modules: dict[str, list[str]]) -> bool:
+    """``path`` is a public module, a public name, or an attribute of a public name."""
+    parts = path.split(".")
+    if any(part.startswith("_") for part in parts):
+        return False
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
+        if module in modules:
+            rest = parts[cut:]
+            return not rest or rest[0] in modules[module]
+    return False
+
+
+def _docstring_problems() -> list[str]:
+    """``where: path`` for every accel path a public docstring names that is not public."""
+    modules = _public_modules()
+    problems = []
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            continue
+        documented: list[tuple[str, object]] = [(module_name, module)]
+        for name in modules[module_name]:
+            value = getattr(module, name)
+            documented.append((f"{module_name}.{name}", value))
+            if inspect.isclass(value):
+                documented += [
+                    (f"{module_name}.{name}.{attr}", member)
+                    for attr, member in vars(value).items()
+                    if not attr.startswith("_")
+                ]
+        for where, value in documented:
+            value = getattr(value, "fget", getattr(value, "__func__", value))
+            doc = value.__doc__ if inspect.ismodule(value) else inspect.getdoc(value)
+            for path in _DOTTED.findall(doc or ""):
+                if not _is_public_path(path.rstrip("."), modules):
+                    problems.append(f"{where}: {path}")
+    return sorted(set(problems))
+
+
+def test_public_docstrings_name_public_paths_only() -> None:
+    assert set(_docstring_problems()) == _AWAITING
+
+
+def test_messages_name_no_private_module() -> None:
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+                continue
+            # A string that is a module path and nothing else is an import target.
+            if id(node) in docstrings or re.fullmatch(r"accel(\.\w+)+", node.value):
+                continue
+            problems += [
+                f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {found}"
+                for found in _DOTTED.findall(node.value)
+                if any(part.startswith("_") for part in found.split("."))
+            ]
+    assert problems == []

@@ -105,7 +105,7 @@ def broadcast_from_rank_0(group: Any = None) -> Callable[[Word], Word]:
 
 
 def save_on_main_process(obj: Any, path: str | os.PathLike[str]) -> None:
-    """The ``save`` hook's fallback: :func:`~accel.training.checkpoint._atomic.atomic_save`
+    """The ``save`` hook's fallback: :func:`~accel.training.checkpoint.atomic_save`
     on the main process of an initialised :mod:`torch.distributed` group (or in a lone
     process); every rank returns once the file is complete, and raises if the main
     process could not write it."""
