@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import accel
+from accel.tools.cli import main as accel_main
 from helpers.doc_blocks import (
     REPO,
     Block,
@@ -237,24 +238,57 @@ def _output_params() -> list[Any]:
 
 
 @pytest.mark.parametrize("block", _output_params())
-def test_sample_output_is_what_the_command_prints(block: Block) -> None:
-    """A ``$ accel ...`` sample is what that command prints here, in a fresh process:
-    stderr (warnings) first, then stdout, as a terminal shows them."""
+def test_sample_output_is_what_the_command_prints(
+    block: Block, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``$ accel ...`` sample is what that command prints here: stderr (warnings)
+    first, then stdout, as a terminal shows them. In this process, with a default
+    registry of its own, unless it sets ``PJRT_DEVICE``: torch_xla's setup is once a
+    process, so that one runs in a fresh interpreter."""
     environment, arguments, shown = sample_command(block)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "PJRT_"))}
     if block.no_plugins:
-        env["ACCEL_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    env.update(environment)
+        environment = {"ACCEL_DISABLE_PLUGIN_AUTOLOAD": "1", **environment}
+    if block.xla or "PJRT_DEVICE" in environment:
+        got = _accel_in_a_process(arguments, environment)
+    else:
+        got = _accel_here(arguments, environment, monkeypatch, capsys)
+    assert output_matches(masked(shown, block.vary), got), (
+        f"{block.where}: the page shows:\n{shown}\n`accel {' '.join(arguments)}` prints:\n{got}"
+    )
+
+
+def _accel_in_a_process(arguments: list[str], environment: dict[str, str]) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "PJRT_"))}
     result = subprocess.run(
         [sys.executable, "-m", "accel", *arguments],
         capture_output=True,
         text=True,
-        env=env,
+        env={**env, **environment},
         cwd=REPO,
         timeout=600,
         check=False,
     )
-    got = result.stderr + result.stdout
-    assert output_matches(masked(shown, block.vary), got), (
-        f"{block.where}: the page shows:\n{shown}\n`accel {' '.join(arguments)}` prints:\n{got}"
-    )
+    return result.stderr + result.stdout
+
+
+def _accel_here(
+    arguments: list[str],
+    environment: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> str:
+    """``accel ARGS`` as `python -m accel` would run it from the repository root."""
+    for name in [k for k in os.environ if k.startswith(("ACCEL_", "PJRT_"))]:
+        monkeypatch.delenv(name)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(accel, "_default_registry", None)
+    monkeypatch.setattr(sys, "path", [str(REPO), *sys.path])  # `python -m` puts the cwd first
+    monkeypatch.chdir(REPO)
+    capsys.readouterr()
+    try:
+        accel_main(arguments)
+    except SystemExit:  # argparse: --help and usage errors
+        pass
+    out, err = capsys.readouterr()
+    return err + out
