@@ -1,11 +1,10 @@
 """The accelerator registry: a set of plugins and the way to select among them.
 
-A small facade over four parts, each owning its own state (see docs/architecture.md):
-the catalog of accelerators and names (:mod:`accel._registry.catalog`), the
-entry-point loader (:mod:`accel._registry.loading`), hook dispatch with one pluggy
-manager per accelerator (:mod:`accel._registry.dispatch`), and selection
-(:mod:`accel._registry.selection`). Two registries in one process share nothing.
-Plugins load on first use, never at ``import accel``.
+A small facade over four parts, each owning its own state: the catalog of
+accelerators and names, the entry-point loader, hook dispatch (one pluggy manager per
+registry) and selection (see docs/architecture.md). Devices torch drives that no plugin
+claims are added last. Two registries in one process share nothing. Plugins load on
+first use, never at ``import accel``.
 """
 
 from __future__ import annotations

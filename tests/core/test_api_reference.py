@@ -229,10 +229,6 @@ _DOTTED = re.compile(r"(?<![\w.])accel(?:\.\w+)+")
 # Docstrings that still name a path outside the public API, in files another engineer
 # owns (issue 38, item 5): each entry goes when its docstring is fixed.
 _AWAITING = {
-    "accel.registry: accel._registry.catalog",
-    "accel.registry: accel._registry.dispatch",
-    "accel.registry: accel._registry.loading",
-    "accel.registry: accel._registry.selection",
     "accel.hookspecs.memory_stats: accel.training.memory.MemoryStats",
     "accel.hookspecs.no_sync: accel.training.step.gradient_sync_paused",
     "accel.hookspecs.state_dict: accel.training.checkpoint.cpu_state_dict",

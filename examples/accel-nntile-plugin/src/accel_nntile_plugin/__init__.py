@@ -112,7 +112,7 @@ def synchronize() -> None:
 def autocast(accelerator: str, dtype: torch.dtype | None) -> AbstractContextManager[Any]:
     # Full precision never reaches this hook (accel answers it); anything else cannot run.
     # accel's own error type, so that callers (grad_scaler's) know "this device cannot".
-    raise accel.AcceleratorValueError(
+    raise accel.errors.AcceleratorValueError(
         f"accelerator {accelerator!r} cannot autocast to {dtype or 'a lower precision'}: "
         f"nntile tensors are float32 or int64; train in float32 (leave autocast out, or "
         f"acc.autocast(enabled=False))"
