@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import accel
 from accel import Accelerator
+from accel._util.names import VISIBILITY_VARIABLES
 from accel._util.notes import add_note
 from accel.distributed._backends import device_backends
 from accel.distributed._errors import DistributedSetupError
@@ -18,11 +19,6 @@ if TYPE_CHECKING:
     from accel.registry import AcceleratorRegistry
 
 __all__ = ["local_accelerator", "resolve_accelerator"]
-
-#: The variables a launcher uses to give each worker its own devices, by device type.
-VISIBILITY_VARIABLES: Final = {
-    "cuda": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
-}
 
 
 def local_accelerator(
