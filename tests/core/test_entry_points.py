@@ -2,14 +2,20 @@
 
 `bash scripts/test` pip-installs examples/accel-example-plugin into the test environment.
 The broken and conflicting fixture distributions (tests/dists/) are installed into a
-private directory (laid out as pip would, without pip) and exercised in subprocesses, so
-they never leak into other tests.
+private directory (laid out as pip would, without pip) and put on sys.path only for the
+test that uses them, with a default registry of its own, so they never leak into others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import io
+import json
 import os
+import textwrap
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +24,7 @@ import torch
 
 import accel
 from helpers.installing import install_fixture_distributions
-from helpers.processes import last_json_line, run_python
+from helpers.processes import run_python
 
 EXAMPLE_PROVIDER = "accel-example-plugin 0.1.0"
 
@@ -42,11 +48,32 @@ def fixture_dists(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def _run_with(site: Path, code: str, **env: str) -> Any:
-    """Run ``code`` with the distributions installed in ``site`` importable (before
-    this process's PYTHONPATH, which may name the accel under test)."""
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    return last_json_line(run_python(code, env={"PYTHONPATH": path, **env}))
+RunWith = Callable[..., Any]
+
+
+@pytest.fixture
+def run_with(monkeypatch: pytest.MonkeyPatch) -> RunWith:
+    """``run_with(site, code, **env)``: run ``code`` in this process as a fresh program
+    would see it (a default registry of its own, the distributions in ``site``
+    importable first, no accel variables but ``env``); what it printed last, as JSON.
+    A child process would cost an import of torch and show nothing more: entry points
+    are read from sys.path when a registry is built."""
+
+    def run(site: Path, code: str, **env: str) -> Any:
+        for name in [k for k in os.environ if k.startswith("ACCEL_")]:
+            monkeypatch.delenv(name)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.syspath_prepend(str(site))
+        monkeypatch.setattr(accel, "_default_registry", None)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), warnings.catch_warnings():
+            # What a child would have printed on its stderr; the tests record their own.
+            warnings.simplefilter("ignore")
+            exec(textwrap.dedent(code), {"__name__": "__main__"})
+        return json.loads(out.getvalue().strip().splitlines()[-1])
+
+    return run
 
 
 @pytest.fixture
@@ -126,8 +153,10 @@ def test_autoload_switches_and_allow_list(
     assert "cpu" in registry.names()
 
 
-def test_a_broken_plugin_warns_is_listed_and_harms_no_one(fixture_dists: Path) -> None:
-    report = _run_with(
+def test_a_broken_plugin_warns_is_listed_and_harms_no_one(
+    fixture_dists: Path, run_with: RunWith
+) -> None:
+    report = run_with(
         fixture_dists,
         """
         import json, warnings, accel
@@ -155,8 +184,10 @@ def test_a_broken_plugin_warns_is_listed_and_harms_no_one(fixture_dists: Path) -
     assert report["cpu"] == "cpu" and report["auto"] == "cpu"
 
 
-def test_a_name_claimed_by_two_distributions_names_both(fixture_dists: Path) -> None:
-    report = _run_with(
+def test_a_name_claimed_by_two_distributions_names_both(
+    fixture_dists: Path, run_with: RunWith
+) -> None:
+    report = run_with(
         fixture_dists,
         """
         import json, warnings, accel
@@ -187,8 +218,8 @@ def test_a_name_claimed_by_two_distributions_names_both(fixture_dists: Path) -> 
     assert report["cpu"] == "cpu"
 
 
-def test_the_allow_list_resolves_a_conflict(fixture_dists: Path) -> None:
-    report = _run_with(
+def test_the_allow_list_resolves_a_conflict(fixture_dists: Path, run_with: RunWith) -> None:
+    report = run_with(
         fixture_dists,
         """
         import json, accel
@@ -201,8 +232,10 @@ def test_the_allow_list_resolves_a_conflict(fixture_dists: Path) -> None:
     assert "broken" not in report["names"]
 
 
-def test_an_embedding_library_uses_its_own_entry_point_group(fixture_dists: Path) -> None:
-    report = _run_with(
+def test_an_embedding_library_uses_its_own_entry_point_group(
+    fixture_dists: Path, run_with: RunWith
+) -> None:
+    report = run_with(
         fixture_dists,
         """
         import json, accel
@@ -226,8 +259,10 @@ def alias_dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def test_an_alias_claimed_by_two_distributions_selects_neither(alias_dist: Path) -> None:
-    report = _run_with(
+def test_an_alias_claimed_by_two_distributions_selects_neither(
+    alias_dist: Path, run_with: RunWith
+) -> None:
+    report = run_with(
         alias_dist,
         """
         import json, warnings, accel
@@ -265,8 +300,10 @@ def test_an_alias_claimed_by_two_distributions_selects_neither(alias_dist: Path)
 @pytest.mark.parametrize(
     "spelling", ["accel-alias-plugin", "ACCEL_ALIAS_PLUGIN", "accel.alias_plugin"]
 )
-def test_the_allow_list_compares_names_as_packaging_does(alias_dist: Path, spelling: str) -> None:
-    report = _run_with(
+def test_the_allow_list_compares_names_as_packaging_does(
+    alias_dist: Path, run_with: RunWith, spelling: str
+) -> None:
+    report = run_with(
         alias_dist,
         """
         import json, accel
@@ -281,8 +318,9 @@ def test_the_allow_list_compares_names_as_packaging_does(alias_dist: Path, spell
 
 def test_an_allow_list_entry_that_matches_nothing_warns_once_naming_what_is_there(
     alias_dist: Path,
+    run_with: RunWith,
 ) -> None:
-    report = _run_with(
+    report = run_with(
         alias_dist,
         """
         import json, warnings, accel
