@@ -15,8 +15,8 @@ runtime's device type really is TPU.
 
 Moving a module to or from an XLA device unties its shared parameters; torch's own
 rule says so (docs/tpu.md), and every such move, to ``tpu`` or leaving XLA through
-another accelerator, keeps the ties of before: the move transaction
-(:mod:`accel._core.moving`) applies the rule, :mod:`accel.tying` holds the logic.
+another accelerator, keeps the ties of before: accel's move applies the rule
+(docs/architecture.md), :mod:`accel.tying` holds the logic.
 :class:`accel.plugins.TpuPlugin` also declares ``unties_weights=True``, which only
 confirms what the rule measures.
 """
