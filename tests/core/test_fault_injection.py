@@ -1,6 +1,7 @@
 """Plugins that misbehave while loading or probing, installed (laid out as pip would,
-without pip), each in a fresh interpreter: accel contains the fault, says which plugin
-it was, and keeps working.
+without pip): accel contains the fault, says which plugin it was, and keeps working.
+A fault that needs a process of its own (an interrupt, a write to file descriptor 1)
+gets a fresh interpreter; the others are tried in this one.
 
 The fixture distribution tests/dists/accel-faulty-plugins has one entry point per fault;
 each test loads only its own with ``ACCEL_PLUGINS=NAME``.
@@ -8,17 +9,22 @@ each test loads only its own with ``ACCEL_PLUGINS=NAME``.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import accel
+from accel.tools.cli import main as cli_main
 from helpers.installing import install_fixture_distributions
 
 PROVIDER = "accel-faulty-plugins 0.0.1"
@@ -41,22 +47,48 @@ def _environment(site: Path, plugin: str) -> dict[str, str]:
     return environment
 
 
-def _python(site: Path, plugin: str, code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=_environment(site, plugin),
-        timeout=TIMEOUT_S,
-        check=False,
-    )
+class InProcess:
+    """A fault tried in this process, as a fresh program would meet it: the faulty
+    distribution importable first, only ``plugin`` loaded (``ACCEL_PLUGINS``) and a
+    default registry of its own. For the faults that neither kill, signal nor write to
+    file descriptor 1: a child would only add an import of torch."""
+
+    def __init__(
+        self, site: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        self._site, self._monkeypatch, self._capsys = site, monkeypatch, capsys
+
+    def _load_only(self, plugin: str) -> None:
+        for name in [k for k in os.environ if k.startswith(("ACCEL_", "PJRT_"))]:
+            self._monkeypatch.delenv(name)
+        self._monkeypatch.setenv("ACCEL_PLUGINS", plugin)
+        self._monkeypatch.syspath_prepend(str(self._site))
+        self._monkeypatch.setattr(accel, "_default_registry", None)
+
+    def report(self, plugin: str, code: str) -> dict[str, Any]:
+        """Run ``code`` with only ``plugin``; the JSON it printed last."""
+        self._load_only(plugin)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a child's stderr; the code records its own
+            exec(textwrap.dedent(code), {"__name__": "__main__"})
+        report: dict[str, Any] = json.loads(out.getvalue().strip().splitlines()[-1])
+        return report
+
+    def accel(self, plugin: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """``accel ARGS`` through its main, with only ``plugin``."""
+        self._load_only(plugin)
+        self._capsys.readouterr()
+        code = cli_main(list(args))
+        out, err = self._capsys.readouterr()
+        return subprocess.CompletedProcess(["accel", *args], code, out, err)
 
 
-def _report(site: Path, plugin: str, code: str) -> dict[str, Any]:
-    result = _python(site, plugin, code)
-    assert result.returncode == 0, result.stderr
-    report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return report
+@pytest.fixture
+def here(
+    faulty_site: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> InProcess:
+    return InProcess(faulty_site, monkeypatch, capsys)
 
 
 def _accel(site: Path, plugin: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -84,8 +116,8 @@ _FAILURES = """
 """
 
 
-def test_a_plugin_calling_sys_exit_at_import_is_a_failed_plugin(faulty_site: Path) -> None:
-    report = _report(faulty_site, "exits", _FAILURES)
+def test_a_plugin_calling_sys_exit_at_import_is_a_failed_plugin(here: InProcess) -> None:
+    report = here.report("exits", _FAILURES)
     assert (report["cpu"], report["auto"]) == ("cpu", "cpu")  # the program goes on
     (failure,) = report["failures"]
     assert (failure["name"], failure["provider"]) == ("exits", PROVIDER)
@@ -94,8 +126,8 @@ def test_a_plugin_calling_sys_exit_at_import_is_a_failed_plugin(faulty_site: Pat
     assert f"accel plugin 'exits' from {PROVIDER} failed to load" in warning
 
 
-def test_a_plugin_using_accel_while_it_loads_gets_a_true_error(faulty_site: Path) -> None:
-    report = _report(faulty_site, "reentrant", _FAILURES)
+def test_a_plugin_using_accel_while_it_loads_gets_a_true_error(here: InProcess) -> None:
+    report = here.report("reentrant", _FAILURES)
     assert (report["cpu"], report["auto"]) == ("cpu", "cpu")
     (failure,) = report["failures"]
     assert failure["name"] == "reentrant"
@@ -154,9 +186,8 @@ def test_an_interrupt_while_a_plugin_hangs_at_import_names_that_plugin(
     )
 
 
-def test_auto_passes_over_an_accelerator_whose_device_count_raises(faulty_site: Path) -> None:
-    report = _report(
-        faulty_site,
+def test_auto_passes_over_an_accelerator_whose_device_count_raises(here: InProcess) -> None:
+    report = here.report(
         "count-raises",
         """
         import json, accel
@@ -177,7 +208,7 @@ def test_auto_passes_over_an_accelerator_whose_device_count_raises(faulty_site: 
     assert report["flaky"]["available"] is False
     assert report["flaky"]["reason"] == "device_count failed: OSError: management library gone"
     assert report["named"] == "management library gone"  # asked for by name: its own error
-    table = _accel(faulty_site, "count-raises", "list")
+    table = here.accel("count-raises", "list")
     assert table.returncode == 0, table.stderr
     rows = {line.split()[0]: line for line in table.stdout.split("\n\n")[0].splitlines()[1:]}
     assert "device_count failed: OSError: management library gone" in rows["flaky"]
@@ -185,9 +216,8 @@ def test_auto_passes_over_an_accelerator_whose_device_count_raises(faulty_site: 
     assert table.stdout.rstrip().endswith("here 'cpu'.")
 
 
-def test_a_slow_probe_never_holds_up_registering_or_selecting(faulty_site: Path) -> None:
-    report = _report(
-        faulty_site,
+def test_a_slow_probe_never_holds_up_registering_or_selecting(here: InProcess) -> None:
+    report = here.report(
         "slow-probe",
         """
         import json, threading, accel
