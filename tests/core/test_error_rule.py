@@ -48,6 +48,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     # The conformance kit: a promise that does not hold is an AssertionError, pytest's
     # protocol for a failed check (run() reports it as "failed", with its message).
     ("accel.testing.conformance._batches", "AssertionError"): "a promise that failed",
+    ("accel.testing.conformance._checkpoints", "AssertionError"): "a promise that failed",
+    # The kit plants a full disk's OSError in the object a save writes.
+    ("accel.testing.conformance._checkpoints", "OSError"): "the planted full disk",
     ("accel.testing.conformance._distributed", "AssertionError"): "a promise that failed",
     ("accel.testing.conformance._generators", "AssertionError"): "a promise that failed",
     ("accel.testing.conformance._moves", "AssertionError"): "a promise that failed",
