@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["Path", "RestorePoint", "SlotContents", "qualified_name", "unchanged_by_torch_move"]
+__all__ = ["Path", "RestorePoint", "SlotContents", "qualified_name"]
 
 
 #: A module's qualified path as a linked list, ``(parent path, attribute)``; ``None`` is
@@ -208,57 +208,6 @@ def _pointer(tensor: torch.Tensor, plain: tuple[type, ...]) -> int:
 @functools.cache
 def _plain_types() -> tuple[type, ...]:
     return (torch.Tensor, torch.nn.Parameter)
-
-
-# torch's own implementations, which unchanged_by_torch_move reasons about.
-_MODULE_TO: Final = torch.nn.Module.to
-_MODULE_APPLY: Final = torch.nn.Module._apply
-
-
-def unchanged_by_torch_move(model: nn.Module, device: torch.device) -> bool:
-    """Whether torch's own ``model.to(device)`` provably changes nothing in ``model``,
-    so that a move which runs no plugin code has nothing to capture or undo.
-
-    True when neither of torch's conversion flags is set, the model's ``to`` and every
-    module's ``_apply`` are torch's own, and every parameter, gradient and buffer is a
-    plain tensor already on ``device``: each ``.to(device)`` then returns the tensor
-    itself and ``Module._apply`` sets each Parameter's data to what it already holds.
-    A walk of the slots, no alias, counter or copy: a tenth of the capture's cost.
-    """
-    future = torch.__future__
-    if (
-        future.get_swap_module_params_on_conversion()
-        or future.get_overwrite_module_params_on_conversion()
-        or type(model).to is not _MODULE_TO
-    ):
-        return False
-    parameter_type = torch.nn.Parameter
-    visited: set[int] = set()
-    stack: list[nn.Module | None] = [model]
-    while stack:
-        module = stack.pop()
-        if module is None or id(module) in visited:
-            continue
-        visited.add(id(module))
-        if type(module)._apply is not _MODULE_APPLY:
-            return False
-        registries = module.__dict__
-        for parameter in registries["_parameters"].values():
-            if parameter is not None and (
-                type(parameter) is not parameter_type
-                or parameter.device != device
-                or ((grad := parameter.grad) is not None and not _stays(grad, device))
-            ):
-                return False
-        for buffer in registries["_buffers"].values():
-            if buffer is not None and not _stays(buffer, device):
-                return False
-        stack.extend(registries["_modules"].values())
-    return True
-
-
-def _stays(tensor: torch.Tensor, device: torch.device) -> bool:
-    return type(tensor) is torch.Tensor and tensor.device == device
 
 
 class RestorePoint:
