@@ -201,8 +201,9 @@ def post_move_hook(
 
     On a move that unties (to or from XLA, say), accel has already re-tied the
     groups it remembered on the module ``model_to_device`` returned, called its own
-    ``tie_weights()`` and validated. Raise to fail the move: the model is restored
-    and the exception reaches the caller. Example::
+    ``tie_weights()`` and validated; after every ``post_move_hook`` it checks the ties
+    once more (a hook that broke or made one is reported by ``tie_check``). Raise to
+    fail the move: the model is restored and the exception reaches the caller. Example::
 
         @accel.hookimpl
         def post_move_hook(model, device):
@@ -296,8 +297,7 @@ def no_sync(
     across processes: the micro-steps of gradient accumulation.
 
     ``enabled`` is ``False`` on the micro-step that must sync (the last); return a
-    context that changes nothing then. *First result*: the fallback
-    (:func:`accel.training.step.gradient_sync_paused`) uses DDP's
+    context that changes nothing then. *First result*: the fallback uses DDP's
     ``no_sync()``, FSDP2's ``set_requires_gradient_sync(False)``, and nothing for a
     plain model. Implement it for a runtime that reduces gradients in ``backward()``
     in a way of its own. Example::
@@ -417,7 +417,7 @@ def autocast(
 
 @hookspec(firstresult=True)
 def memory_stats(accelerator: str, device: torch.device) -> MemoryStats | None:
-    """Report the device's memory use as an :class:`accel.training.memory.MemoryStats` dict.
+    """Report the device's memory use as an :class:`accel.MemoryStats` dict.
 
     Keys ``allocated_bytes``, ``peak_allocated_bytes`` and ``total_bytes``; each an
     ``int``, or ``None`` when the runtime does not report it (never a guess).
@@ -428,7 +428,7 @@ def memory_stats(accelerator: str, device: torch.device) -> MemoryStats | None:
 
         @accel.hookimpl
         def memory_stats(device):
-            return accel.training.memory.MemoryStats(
+            return accel.MemoryStats(
                 allocated_bytes=torch.npu.memory_allocated(device),
                 peak_allocated_bytes=torch.npu.max_memory_allocated(device),
                 total_bytes=torch.npu.get_device_properties(device).total_memory,
@@ -466,8 +466,8 @@ def state_dict(accelerator: str, model: torch.nn.Module) -> dict[str, Any] | Non
 
     A tensor the model holds under several names (a tied weight) must be one CPU
     tensor under all of them, so that ``torch.save`` stores it once and
-    ``load_state_dict`` restores the tie. *First result*: the fallback
-    (:func:`accel.training.checkpoint.cpu_state_dict`) copies each distinct tensor once.
+    ``load_state_dict`` restores the tie. *First result*: the fallback copies each
+    distinct tensor once.
     Example::
 
         @accel.hookimpl
@@ -511,8 +511,8 @@ def load(accelerator: str, path: str | os.PathLike[str]) -> Any:
 
     Must read with ``weights_only=True`` (a checkpoint never runs code). The handle then
     restores the state into the user's objects in place and marks the step. *First
-    result*: the fallback (:func:`accel.training.checkpoint.load_checkpoint`) is
-    ``torch.load(path, map_location="cpu", weights_only=True)`` with clear errors.
+    result*: the fallback is ``torch.load(path, map_location="cpu", weights_only=True)``
+    with clear errors.
     Example::
 
         @accel.hookimpl

@@ -226,16 +226,6 @@ def test_every_error_and_warning_of_accel_errors_is_public_there() -> None:
 
 # "accel.x.y" in text: the paths a docstring or a message sends a reader to.
 _DOTTED = re.compile(r"(?<![\w.])accel(?:\.\w+)+")
-# Docstrings that still name a path outside the public API, in files another engineer
-# owns (issue 38, item 5): each entry goes when its docstring is fixed.
-_AWAITING = {
-    "accel.hookspecs.memory_stats: accel.training.memory.MemoryStats",
-    "accel.hookspecs.no_sync: accel.training.step.gradient_sync_paused",
-    "accel.hookspecs.state_dict: accel.training.checkpoint.cpu_state_dict",
-    "accel.hookspecs.load: accel.training.checkpoint.load_checkpoint",
-}
-
-
 def _is_public_path(path: str, modules: dict[str, list[str]]) -> bool:
     """``path`` is a public module, a public name, or an attribute of a public name."""
     parts = path.split(".")
@@ -278,7 +268,7 @@ def _docstring_problems() -> list[str]:
 
 
 def test_public_docstrings_name_public_paths_only() -> None:
-    assert set(_docstring_problems()) == _AWAITING
+    assert _docstring_problems() == []
 
 
 def test_messages_name_no_private_module() -> None:
