@@ -333,7 +333,17 @@ class KeepsItsOwnGenerator(FakeAccelerator):
 
     @accel.hookimpl
     def set_rng_state(self, state: Any) -> bool:
+        if not (isinstance(state, dict) and state.get("type") == "buggy"):
+            raise ValueError(f"not a buggy generator state: {state!r}")
         self.generator.set_state(state["states"][0])
+        return True
+
+
+class AcceptsAnyRngState(FakeAccelerator):
+    """Takes whatever state it is given, another device type's too, without a word."""
+
+    @accel.hookimpl
+    def set_rng_state(self, state: Any) -> bool:
         return True
 
 
@@ -426,6 +436,11 @@ CASES = [
     (DrawsAfterSeeding(), "generators.manual_seed_device", "other draws on the device"),
     (SeedsNotItsGenerator(), "generators.manual_seed_device_state", "does not seed the device"),
     (RestoresNotItsGenerator(), "generators.rng_state_round_trip", "does not put the device"),
+    (
+        AcceptsAnyRngState(),
+        "generators.set_rng_state_refuses_other_type",
+        "accepted a 'cuda' generator state on 'cpu'",
+    ),
     (WritesLater(), "checkpoints.save_asynchronously", "FileNotFoundError"),
     (WritesInPlace(), "checkpoints.failed_save", "changed the previous checkpoint"),
     (LoadsWithPickle(), "checkpoints.load_runs_no_code", "ran code from it"),

@@ -1,4 +1,5 @@
-"""Promises of the generators: manual_seed, rng_state and set_rng_state.
+"""Promises of the generators: manual_seed, rng_state and set_rng_state (which
+refuses another device type's state).
 
 Besides draws, the checks read the ``"device"`` entry of ``acc.rng_state()``: on a
 device whose tensors draw from the host generator, a device generator that is never
@@ -154,10 +155,45 @@ def rng_state_weights_only(subject: Subject) -> None:
     _round_trip(subject, through_file=True)
 
 
+def _foreign_type(device_type: str) -> str:
+    """A device type other than the one under test, for a state that is not its own."""
+    return "cuda" if device_type != "cuda" else "mps"
+
+
+@promise(
+    "generators.set_rng_state_refuses_other_type",
+    'set_rng_state refuses a "device" entry from another device type with a ValueError, '
+    "and leaves the device generators as they were",
+)
+def set_rng_state_refuses_other_type(subject: Subject) -> None:
+    acc = subject.accelerator
+    acc.manual_seed(5)
+    state = acc.rng_state()
+    before = state["device"]
+    other = _foreign_type(acc.device.type)
+    # What the fallback's rng_state gives on that device type: a resumed run's checkpoint.
+    foreign = {"type": other, "states": [torch.zeros(16, dtype=torch.uint8)]}
+    try:
+        acc.set_rng_state({**state, "device": foreign})
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(
+            f"set_rng_state accepted a {other!r} generator state on {acc.device.type!r} "
+            "without a word: a set_rng_state hook must refuse another device type's state "
+            "with a ValueError (a run resumed on another device would silently draw "
+            "other numbers)"
+        )
+    assert _same(acc.rng_state()["device"], before), (
+        'the refused set_rng_state changed the device generators (rng_state()["device"] differs)'
+    )
+
+
 PROMISES = (
     manual_seed_host,
     manual_seed_device,
     manual_seed_device_state,
     rng_state_round_trip,
     rng_state_weights_only,
+    set_rng_state_refuses_other_type,
 )
