@@ -26,6 +26,7 @@ from torch import nn
 
 import accel
 from accel.testing.conformance import Outcome, run
+from accel.training.device_loader import DeviceLoader, MovingLoader
 from accel.training.nested import map_nested
 from helpers.fakes import FakeAccelerator
 from helpers.installing import write_distribution
@@ -196,6 +197,17 @@ class DropsTheLastBatch(FakeAccelerator):
     @accel.hookimpl
     def device_loader(self, loader: Any, move: Any) -> Any:
         return (move(batch) for batch in list(loader)[:-1])
+
+
+class TrustsAWrappedLoader(FakeAccelerator):
+    """Takes a loader that is already a DeviceLoader for batches on the device, and hands
+    out those of the loader inside it, still on the host (on ``meta``, so that shows)."""
+
+    @accel.hookimpl
+    def device_loader(self, loader: Any, move: Any) -> Any:
+        if isinstance(loader, DeviceLoader):
+            return loader.loader
+        return MovingLoader(loader, move)
 
 
 class CountsNoDevice(FakeAccelerator):
@@ -450,6 +462,11 @@ CASES = [
     (FullPrecisionAutocast(), "step.autocast", "autocast computed in torch.float32"),
     (PeakBelowUse(), "runtime.memory_stats", "peak 10 is below the 100 bytes in use"),
     (DropsTheLastBatch(), "batches.device_loader", "epoch 0: 3 batches of 4"),
+    (
+        TrustsAWrappedLoader(device="meta"),
+        "batches.device_loader_wrapped_twice",
+        "wrapped twice: epoch 0, batch 0[0]: left on cpu",
+    ),
     (MovesBatchesItself(), "batches.device_loader_uses_move", "only [] passed through move"),
     (CopiesEveryBatch(), "batches.on_device_unchanged", "batch['inputs']: batch_to_device gave"),
     (CountsNoDevice(), "devices.count_and_index", "device_count() is 0"),

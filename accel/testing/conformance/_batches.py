@@ -1,4 +1,4 @@
-"""Promises of batch moves and the device loader."""
+"""Promises of batch moves and the device loader (a loader wrapped twice too)."""
 
 from __future__ import annotations
 
@@ -96,14 +96,39 @@ def every_tensor_moved(subject: Subject) -> None:
 )
 def device_loader(subject: Subject) -> None:
     acc = subject.accelerator
-    batches = [(torch.full((2, 2), float(i)), torch.tensor([i])) for i in range(4)]
-    loader = acc.device_loader(batches)
-    assert len(loader) == len(batches), f"len() is {len(loader)}, the loader has {len(batches)}"
+    batches = _loader_batches()
+    _yields_every_batch(acc.device_loader(batches), batches, acc.device.type, "")
+
+
+def _loader_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.full((2, 2), float(i)), torch.tensor([i])) for i in range(4)]
+
+
+def _yields_every_batch(loader: Any, batches: list[Any], device_type: str, which: str) -> None:
+    """``loader`` has ``batches``' length and yields each once, in order, on the device,
+    on each of two epochs."""
+    assert len(loader) == len(batches), (
+        f"{which}len() is {len(loader)}, the loader has {len(batches)}"
+    )
     for epoch in range(2):
         seen = list(loader)
-        assert len(seen) == len(batches), f"epoch {epoch}: {len(seen)} batches of {len(batches)}"
+        assert len(seen) == len(batches), (
+            f"{which}epoch {epoch}: {len(seen)} batches of {len(batches)}"
+        )
         for index, (got, expected) in enumerate(zip(seen, batches, strict=True)):
-            _compare(got, expected, acc.device.type, f"epoch {epoch}, batch {index}")
+            _compare(got, expected, device_type, f"{which}epoch {epoch}, batch {index}")
+
+
+@promise(
+    "batches.device_loader_wrapped_twice",
+    "device_loader given a loader it already wrapped (a DeviceLoader) yields every batch "
+    "once, on the device, in order, with the loader's length, again on every epoch",
+)
+def device_loader_wrapped_twice(subject: Subject) -> None:
+    acc = subject.accelerator
+    batches = _loader_batches()
+    twice = acc.device_loader(acc.device_loader(batches))
+    _yields_every_batch(twice, batches, acc.device.type, "wrapped twice: ")
 
 
 class _SeesBatchMoves:
@@ -128,7 +153,7 @@ class _SeesBatchMoves:
 )
 def device_loader_uses_move(subject: Subject) -> None:
     acc = subject.accelerator
-    batches = [(torch.full((2, 2), float(i)), torch.tensor([i])) for i in range(4)]
+    batches = _loader_batches()
     seeing = _SeesBatchMoves()
     subject.registry.register(seeing, "accel-conformance-sees-batch-moves")
     try:
@@ -204,6 +229,7 @@ PROMISES = (
     every_tensor_moved,
     on_device_unchanged,
     device_loader,
+    device_loader_wrapped_twice,
     device_loader_uses_move,
     failure_named,
 )
