@@ -162,6 +162,16 @@ class ZeroingRestore(FakeAccelerator):
         return [torch.zeros_like(tensor, device=device) for tensor in tensors]
 
 
+class RestoresReversed(FakeAccelerator):
+    """Uploads a checkpoint's tensors as a stack, and hands them back last first."""
+
+    @accel.hookimpl
+    def restore_to_device(
+        self, tensors: list[torch.Tensor], device: torch.device
+    ) -> list[torch.Tensor]:
+        return [tensor.to(device) for tensor in reversed(tensors)]
+
+
 class StepsNothing(FakeAccelerator):
     """An optimizer_step hook that forgets to step."""
 
@@ -434,6 +444,7 @@ CASES = [
     (OpaqueRngState(), "generators.rng_state_weights_only", "does not load with weights_only"),
     (CopiesEachTensor(), "checkpoints.state_dict", "stores the tie twice"),
     (ZeroingRestore(), "checkpoints.save_and_load", "changed value"),
+    (RestoresReversed(), "checkpoints.restore_order", "after load: 0.weight holds the values of"),
     (StepsNothing(), "step.optimizer_step", "after one step"),
     (StepsByItself(), "step.optimizer_step_closure", "never called the closure"),
     (StepsByItself(), "step.grad_scaler", "scaled step"),

@@ -1,5 +1,6 @@
 """Promises of checkpoints: state_dict on the CPU with a tie stored once, save and load
-(synchronous and asynchronous), the restore into the model on the device, a failed write
+(synchronous and asynchronous), the restore into the model on the device (each tensor to
+its own slot), a failed write
 that leaves the previous file whole, and a load that never runs code."""
 
 from __future__ import annotations
@@ -117,6 +118,43 @@ def save_and_load(subject: Subject) -> None:
     ), "the checkpoint stores the tied weight twice"
 
 
+def _same_shapes(offset: float) -> torch.nn.Sequential:
+    """Three layers whose weights are all of one shape, each filled with a
+    value of its own: a restore that puts a tensor in another's slot shows."""
+    model = torch.nn.Sequential(*(torch.nn.Linear(3, 3, bias=False) for _ in range(3)))
+    with torch.no_grad():
+        for index, parameter in enumerate(model.parameters()):
+            parameter.fill_(offset + index)
+    return model
+
+
+@promise(
+    "checkpoints.restore_order",
+    "load(path, state) restores each of several tensors of one shape to its own slot "
+    "(restore_to_device returns the device copies in the order given)",
+)
+def restore_order(subject: Subject) -> None:
+    acc = subject.accelerator
+    model = acc.model_to_device(_same_shapes(1.0))
+    expected = cpu_copy(model)
+    path = subject.workdir / "same-shapes.pt"
+    acc.save({"model": model}, path)
+    target = acc.model_to_device(_same_shapes(-10.0))
+    acc.load(path, {"model": target})
+    got = cpu_copy(target)
+    for name, tensor in expected.items():
+        value = got[name].flatten()[0].item()
+        source = next(
+            (other for other, stored in expected.items() if stored.flatten()[0].item() == value),
+            None,
+        )
+        assert torch.equal(got[name], tensor), (
+            f"after load: {name} holds the values of {source or 'no stored tensor'}: "
+            "restore_to_device must return the device copies in the order of the tensors "
+            "it was given"
+        )
+
+
 @promise(
     "checkpoints.save_asynchronously",
     "save(asynchronous=True) stores the model as it was when save returned, and loads "
@@ -212,6 +250,7 @@ def load_runs_no_code(subject: Subject) -> None:
 PROMISES = (
     state_dict,
     save_and_load,
+    restore_order,
     save_asynchronously,
     failed_save,
     load_runs_no_code,
