@@ -606,6 +606,24 @@ class WritesOnEveryRank(FakeAccelerator):
         return True
 
 
+class TellsTheOthersAnyway(FakeAccelerator):
+    # Writes on rank 0 and lets the others go in a finally: a failed write raises on
+    # rank 0 alone, and the others carry on as if the file were there.
+    @accel.hookimpl
+    def save(self, obj, path):
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            atomic_save(obj, path)
+            return True
+        try:
+            if dist.get_rank() == 0:
+                atomic_save(obj, path)
+        finally:
+            dist.barrier()
+        return True
+
+
 class SkipsTheSyncAnyway(FakeAccelerator):
     # Skips the gradient sync also on the micro-step that must sync (enabled=False).
     @accel.hookimpl
@@ -621,6 +639,11 @@ DISTRIBUTED_CASES = [
     ("BackendNeverImported", "distributed.ddp_step", "rank 1 failed starting the group"),
     ("SkipsTheSyncAnyway", "distributed.no_sync", "(the sync was skipped?)"),
     ("WritesOnEveryRank", "distributed.save_on_main_process", "rank 1 read back the file rank 1"),
+    (
+        "TellsTheOthersAnyway",
+        "distributed.failed_save_raises_everywhere",
+        "rank 1: save returned as if the file were written",
+    ),
 ]
 
 

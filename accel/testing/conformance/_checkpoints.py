@@ -176,7 +176,7 @@ def save_asynchronously(subject: Subject) -> None:
     _restored(subject, target, target_optimizer, expected, momentum)
 
 
-class _FailsToStore:
+class FailsToStore:
     """Fails as a full disk does, partway through the write of a checkpoint."""
 
     def __reduce__(self) -> Any:
@@ -195,8 +195,8 @@ def failed_save(subject: Subject) -> None:
     previous = path.read_bytes()
     try:
         # Allowed for the save's check of what load reads back: the write itself fails.
-        with torch.serialization.safe_globals([_FailsToStore]):
-            acc.save({"step": 2, "weights": torch.zeros(3), "broken": _FailsToStore()}, path)
+        with torch.serialization.safe_globals([FailsToStore]):
+            acc.save({"step": 2, "weights": torch.zeros(3), "broken": FailsToStore()}, path)
     except OSError:
         pass
     else:

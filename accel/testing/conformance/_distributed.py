@@ -1,6 +1,6 @@
 """Promises of two processes on the accelerator's distributed backend: an all-reduce,
-a DDP step equal to the same step in one process, accumulation under no_sync, and a save
-that only the main process writes.
+a DDP step equal to the same step in one process, accumulation under no_sync, a save
+that only the main process writes, and a failed write that raises on both.
 
 The two workers are fresh interpreters that select the accelerator by name from accel's
 default registry, as a launched job would: the plugin must be installed (an entry
@@ -23,6 +23,7 @@ import torch
 
 import accel.distributed as adist
 from accel.testing.conformance._catalog import Subject, promise
+from accel.testing.conformance._checkpoints import FailsToStore
 from accel.testing.conformance._models import (
     assert_close,
     cpu_copy,
@@ -48,7 +49,7 @@ def _free_port() -> int:
 
 
 #: What the workers check, in this order, in one start of the two processes.
-TASKS = ("all_reduce", "ddp_step", "no_sync", "save")
+TASKS = ("all_reduce", "ddp_step", "no_sync", "save", "failed_save")
 
 
 def _all_reduce(rank: int, acc: Any) -> dict[str, torch.Tensor]:
@@ -115,6 +116,26 @@ def _save(rank: int, acc: Any, workdir: Path) -> dict[str, torch.Tensor]:
     return {"writer": torch.tensor(seen)}
 
 
+def _failed_save(rank: int, acc: Any, workdir: Path) -> dict[str, torch.Tensor]:
+    """Both ranks save to one path; rank 0's write fails as a full disk does (its object
+    raises OSError when stored, as in checkpoints.failed_save). 1: the save raised an
+    OSError, 0: it returned."""
+    path = workdir / "failed.pt"
+    obj: dict[str, Any] = {"writer": rank}
+    if rank == 0:
+        obj["broken"] = FailsToStore()
+    raised = 0
+    try:
+        # Allowed for the save's check of what load reads back: the write itself fails.
+        with torch.serialization.safe_globals([FailsToStore]):
+            acc.save(obj, path)
+    except OSError:
+        raised = 1
+    finally:
+        torch.distributed.barrier()  # neither rank leaves while the other may still save
+    return {"raised": torch.tensor(raised)}
+
+
 def _worker(rank: int, name: str, port: int, workdir: str) -> None:
     """One rank: start the group through accel, run every task, store what each found
     (its tensors, or the error's last line) for the parent."""
@@ -135,6 +156,7 @@ def _worker(rank: int, name: str, port: int, workdir: str) -> None:
                 _ddp_step,
                 _no_sync,
                 partial(_save, workdir=Path(workdir)),
+                partial(_failed_save, workdir=Path(workdir)),
             )
             for task, check in zip(TASKS, checks, strict=True):
                 try:
@@ -336,7 +358,23 @@ def save_on_main_process(subject: Subject) -> None:
         )
 
 
-PROMISES = (all_reduce, ddp_step, no_sync, save_on_main_process)
+@promise(
+    "distributed.failed_save_raises_everywhere",
+    "in a job of two processes a save whose write fails on the main process raises an "
+    "OSError on both",
+    needs=("distributed",),
+)
+def failed_save_raises_everywhere(subject: Subject) -> None:
+    for rank, result in enumerate(_results(subject, "failed_save")):
+        assert int(result["raised"]) == 1, (
+            f"rank {rank}: save returned as if the file were written, but rank 0's write "
+            "failed (the kit's object raises OSError, as a full disk does): a failed write "
+            "must raise an OSError on every process (as "
+            "accel.training.checkpoint.save_on_main_process does)"
+        )
+
+
+PROMISES = (all_reduce, ddp_step, no_sync, save_on_main_process, failed_save_raises_everywhere)
 
 
 if __name__ == "__main__":  # one worker: RANK NAME PORT WORKDIR
