@@ -16,6 +16,7 @@ import accel
 from accel.training.checkpoint._retention import latest_checkpoint, list_checkpoints
 from helpers.distributed import (  # noqa: F401  (an autouse fixture)
     SCRIPTS,
+    Uninterrupted,
     no_launcher_and_no_group,
     run_torchrun,
     worker_env,
@@ -42,10 +43,10 @@ def _assert_equal(resumed: dict[str, torch.Tensor], reference: dict[str, torch.T
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_both_ranks_killed_resume_equal_to_an_uninterrupted_run(mode: str, tmp_path: Path) -> None:
-    code, output = _launch(mode, tmp_path / "reference")
-    assert code == 0, output
-    reference = _final(tmp_path / "reference")
+def test_both_ranks_killed_resume_equal_to_an_uninterrupted_run(
+    mode: str, tmp_path: Path, uninterrupted: Uninterrupted
+) -> None:
+    reference = _final(uninterrupted(mode))
 
     run = tmp_path / "run"
     code, output = _launch(mode, run, KILL_AFTER_STEP="5")
@@ -61,10 +62,10 @@ def test_both_ranks_killed_resume_equal_to_an_uninterrupted_run(mode: str, tmp_p
     _assert_equal(_final(run), reference)
 
 
-def test_sigterm_to_one_rank_makes_both_save_the_same_step_and_exit_0(tmp_path: Path) -> None:
-    code, output = _launch("ddp", tmp_path / "reference")
-    assert code == 0, output
-    reference = _final(tmp_path / "reference")
+def test_sigterm_to_one_rank_makes_both_save_the_same_step_and_exit_0(
+    tmp_path: Path, uninterrupted: Uninterrupted
+) -> None:
+    reference = _final(uninterrupted("ddp"))
 
     run = tmp_path / "run"
     code, output = _launch("ddp", run, TERM_AFTER_STEP="4")
@@ -103,12 +104,13 @@ def test_a_sigterm_during_start_up_makes_both_ranks_save_at_the_first_step(
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_ranks_seeded_apart_resume_with_their_own_generators(mode: str, tmp_path: Path) -> None:
+def test_ranks_seeded_apart_resume_with_their_own_generators(
+    mode: str, tmp_path: Path, uninterrupted: Uninterrupted
+) -> None:
     # Dropout and the loss scale draw from generators seeded per rank: resumed with
     # rank 0's generators (what a checkpoint used to hold), rank 1 would draw rank 0's
     # masks and scales, and the parameters would differ.
-    code, output = _launch(mode, tmp_path / "reference", SEED_PER_RANK="1")
-    assert code == 0, output
+    uninterrupted_run = uninterrupted(mode, SEED_PER_RANK="1")
     run = tmp_path / "run"
     code, output = _launch(mode, run, SEED_PER_RANK="1", KILL_AFTER_STEP="5")
     assert code != 0, output
@@ -121,7 +123,7 @@ def test_ranks_seeded_apart_resume_with_their_own_generators(mode: str, tmp_path
     finals = {}
     for rank in (0, 1):
         resumed = torch.load(run / f"final-rank{rank}.pt", weights_only=True)
-        reference = torch.load(tmp_path / "reference" / f"final-rank{rank}.pt", weights_only=True)
+        reference = torch.load(uninterrupted_run / f"final-rank{rank}.pt", weights_only=True)
         _assert_equal(resumed["model"], reference["model"])
         for name, value in reference["rng"].items():
             assert torch.equal(resumed["rng"][name], value), (rank, name)
@@ -131,11 +133,10 @@ def test_ranks_seeded_apart_resume_with_their_own_generators(mode: str, tmp_path
 
 
 def test_torchrun_restarts_a_job_whose_rank_was_killed_and_it_resumes_exactly(
-    tmp_path: Path,
+    tmp_path: Path, uninterrupted: Uninterrupted
 ) -> None:
-    code, output = _launch("ddp", tmp_path / "reference", SEED_PER_RANK="1")
-    assert code == 0, output
-    reference = _final(tmp_path / "reference")
+    uninterrupted_run = uninterrupted("ddp", SEED_PER_RANK="1")
+    reference = _final(uninterrupted_run)
 
     run = tmp_path / "run"
     # Rank 1 alone is SIGKILLed after step 5 (the step-3 checkpoint written): torchrun
@@ -150,6 +151,6 @@ def test_torchrun_restarts_a_job_whose_rank_was_killed_and_it_resumes_exactly(
     _assert_equal(_final(run), reference)
     for rank in (0, 1):
         resumed = torch.load(run / f"final-rank{rank}.pt", weights_only=True)
-        expected = torch.load(tmp_path / "reference" / f"final-rank{rank}.pt", weights_only=True)
+        expected = torch.load(uninterrupted_run / f"final-rank{rank}.pt", weights_only=True)
         for name, value in expected["rng"].items():
             assert torch.equal(resumed["rng"][name], value), (rank, name)

@@ -10,7 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,10 @@ from helpers.processes import clean_environment
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "distributed" / "scripts"
 TORCHRUN_TIMEOUT_S = 180
+
+#: ``uninterrupted(mode, **env)`` (tests/distributed/conftest.py): the directory of an
+#: uninterrupted run of scripts/resumable_ranks.py, shared by the tests that compare.
+Uninterrupted = Callable[..., Path]
 #: Every variable a launcher (or a device partition) sets that accel reads.
 LAUNCH_VARIABLES = (
     *launchers.TORCHRUN_VARIABLES,
