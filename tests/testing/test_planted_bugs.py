@@ -638,7 +638,9 @@ DISTRIBUTED_CASES = [
     ("BackendNeverImported", "distributed.all_reduce", "rank 1 failed starting the group"),
     ("BackendNeverImported", "distributed.ddp_step", "rank 1 failed starting the group"),
     ("SkipsTheSyncAnyway", "distributed.no_sync", "(the sync was skipped?)"),
-    ("WritesOnEveryRank", "distributed.save_on_main_process", "rank 1 read back the file rank 1"),
+    # Whichever rank reads last, one of them finds rank 1's file (a loaded machine can
+    # delay rank 1's write past rank 0's).
+    ("WritesOnEveryRank", "distributed.save_on_main_process", "read back the file rank 1 saved"),
     (
         "TellsTheOthersAnyway",
         "distributed.failed_save_raises_everywhere",

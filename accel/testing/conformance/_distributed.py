@@ -105,6 +105,7 @@ def _save(rank: int, acc: Any, workdir: Path) -> dict[str, torch.Tensor]:
     """Both ranks save to one path, each its own rank number; each reads the file back
     as soon as its save returns (-1: no file yet)."""
     path = workdir / "checkpoint.pt"
+    torch.distributed.barrier()  # both start together: the delay is rank 0's alone
     if rank == 0:
         time.sleep(SAVE_DELAY_S)
     try:
