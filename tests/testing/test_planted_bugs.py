@@ -598,6 +598,19 @@ class BackendNeverImported(FakeAccelerator):
         return "hccl"
 
 
+class ReducesAgain(FakeAccelerator):
+    # "Reduces the gradients first", as a runtime that reduces in the step must; under
+    # DDP backward has reduced them already, so this sums them a second time.
+    @accel.hookimpl
+    def clip_grad_norm_(self, parameters, max_norm, norm_type):
+        import torch
+
+        for parameter in parameters:
+            if parameter.grad is not None:
+                torch.distributed.all_reduce(parameter.grad)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type)
+
+
 class WritesOnEveryRank(FakeAccelerator):
     # Writes the file on every process: ranks overwrite one another's checkpoint.
     @accel.hookimpl
@@ -638,6 +651,7 @@ DISTRIBUTED_CASES = [
     ("BackendNeverImported", "distributed.all_reduce", "rank 1 failed starting the group"),
     ("BackendNeverImported", "distributed.ddp_step", "rank 1 failed starting the group"),
     ("SkipsTheSyncAnyway", "distributed.no_sync", "(the sync was skipped?)"),
+    ("ReducesAgain", "distributed.clip_grad_norm_", "were they reduced again"),
     # Whichever rank reads last, one of them finds rank 1's file (a loaded machine can
     # delay rank 1's write past rank 0's).
     ("WritesOnEveryRank", "distributed.save_on_main_process", "read back the file rank 1 saved"),

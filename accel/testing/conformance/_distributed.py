@@ -1,5 +1,6 @@
 """Promises of two processes on the accelerator's distributed backend: an all-reduce,
-a DDP step equal to the same step in one process, accumulation under no_sync, a save
+a DDP step equal to the same step in one process, accumulation under no_sync, gradient
+clipping after DDP's reduce, a save
 that only the main process writes, and a failed write that raises on both.
 
 The two workers are fresh interpreters that select the accelerator by name from accel's
@@ -49,7 +50,7 @@ def _free_port() -> int:
 
 
 #: What the workers check, in this order, in one start of the two processes.
-TASKS = ("all_reduce", "ddp_step", "no_sync", "save", "failed_save")
+TASKS = ("all_reduce", "ddp_step", "no_sync", "clip", "save", "failed_save")
 
 
 def _all_reduce(rank: int, acc: Any) -> dict[str, torch.Tensor]:
@@ -137,6 +138,33 @@ def _failed_save(rank: int, acc: Any, workdir: Path) -> dict[str, torch.Tensor]:
     return {"raised": torch.tensor(raised)}
 
 
+#: Small enough that the reference layer's gradients are clipped.
+CLIP_MAX_NORM = 0.1
+
+
+def _clip(rank: int, acc: Any) -> dict[str, Any]:
+    """A DDP backward of this rank's half, then clip_grad_norm_ and the step."""
+    model = acc.model_to_device(reference_layer())
+    optimizer = sgd_for(model)
+    wrapped = adist.wrap_data_parallel(model)
+    inputs, targets = reference_inputs()
+    x, y = acc.batch_to_device((inputs.chunk(2)[rank], targets.chunk(2)[rank]))
+    loss = squared_error(wrapped(x), y) * WORLD_SIZE  # as in _ddp_step
+    loss.backward()  # type: ignore[no-untyped-call]
+    norm = acc.clip_grad_norm_(model.parameters(), max_norm=CLIP_MAX_NORM)
+    acc.optimizer_step(optimizer)
+    return {"norm": norm.to("cpu"), "model": cpu_copy(model)}
+
+
+def _cpu_clipped_step(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    model = reference_layer()
+    optimizer = sgd_for(model)
+    squared_error(model(inputs), targets).backward()  # type: ignore[no-untyped-call]
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_MAX_NORM)
+    optimizer.step()
+    return norm, cpu_copy(model)
+
+
 def _worker(rank: int, name: str, port: int, workdir: str) -> None:
     """One rank: start the group through accel, run every task, store what each found
     (its tensors, or the error's last line) for the parent."""
@@ -156,6 +184,7 @@ def _worker(rank: int, name: str, port: int, workdir: str) -> None:
                 _all_reduce,
                 _ddp_step,
                 _no_sync,
+                _clip,
                 partial(_save, workdir=Path(workdir)),
                 partial(_failed_save, workdir=Path(workdir)),
             )
@@ -340,6 +369,25 @@ def no_sync(subject: Subject) -> None:
 
 
 @promise(
+    "distributed.clip_grad_norm_",
+    "in a job of two processes clip_grad_norm_ after a DDP backward clips the reduced "
+    "gradients once: the whole model's norm on both ranks, and one process's clipped step",
+    needs=("distributed", "forward", "reductions"),
+)
+def clip_in_a_job(subject: Subject) -> None:
+    inputs, targets = reference_inputs()
+    norm, expected = _cpu_clipped_step(inputs, targets)
+    for rank, result in enumerate(_results(subject, "clip")):
+        got = result["norm"]
+        assert torch.allclose(got, norm, rtol=1e-4, atol=1e-5), (
+            f"rank {rank}: clip_grad_norm_ returned {float(got):.6g} where the whole "
+            f"model's gradients have norm {float(norm):.6g}: DDP had reduced them already "
+            "(were they reduced again, or clipped unreduced?)"
+        )
+        assert_close(result["model"], expected, f"rank {rank}: the clipped step")
+
+
+@promise(
     "distributed.save_on_main_process",
     "in a job of two processes only the main one writes a save, and each returns once "
     "the file is complete",
@@ -375,7 +423,14 @@ def failed_save_raises_everywhere(subject: Subject) -> None:
         )
 
 
-PROMISES = (all_reduce, ddp_step, no_sync, save_on_main_process, failed_save_raises_everywhere)
+PROMISES = (
+    all_reduce,
+    ddp_step,
+    no_sync,
+    clip_in_a_job,
+    save_on_main_process,
+    failed_save_raises_everywhere,
+)
 
 
 if __name__ == "__main__":  # one worker: RANK NAME PORT WORKDIR
