@@ -226,6 +226,8 @@ def test_every_error_and_warning_of_accel_errors_is_public_there() -> None:
 
 # "accel.x.y" in text: the paths a docstring or a message sends a reader to.
 _DOTTED = re.compile(r"(?<![\w.])accel(?:\.\w+)+")
+
+
 def _is_public_path(path: str, modules: dict[str, list[str]]) -> bool:
     """``path`` is a public module, a public name, or an attribute of a public name."""
     parts = path.split(".")
