@@ -24,7 +24,6 @@ import torch
 
 import accel.distributed as adist
 from accel.testing.conformance._catalog import Subject, promise
-from accel.testing.conformance._checkpoints import FailsToStore
 from accel.testing.conformance._models import (
     assert_close,
     cpu_copy,
@@ -34,10 +33,21 @@ from accel.testing.conformance._models import (
     sgd_for,
     squared_error,
 )
+from accel.testing.conformance._rank_tasks import (
+    CLIP_MAX_NORM,
+    TASKS,
+    WORLD_SIZE,
+    all_reduce_task,
+    clip_task,
+    ddp_step_task,
+    failed_save_task,
+    gradients_of,
+    no_sync_task,
+    save_task,
+)
 
 __all__ = ["PROMISES"]
 
-WORLD_SIZE = 2
 #: Seconds both workers get to start (importing torch), meet and finish.
 TIMEOUT_S = 120
 
@@ -47,122 +57,6 @@ def _free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
-
-
-#: What the workers check, in this order, in one start of the two processes.
-TASKS = ("all_reduce", "ddp_step", "no_sync", "clip", "save", "failed_save")
-
-
-def _all_reduce(rank: int, acc: Any) -> dict[str, torch.Tensor]:
-    tensor = torch.full((3,), float(rank + 1), device=acc.device)
-    torch.distributed.all_reduce(tensor)
-    return {"sum": tensor.to("cpu")}
-
-
-def _ddp_step(rank: int, acc: Any) -> dict[str, torch.Tensor]:
-    model = acc.model_to_device(reference_layer())
-    optimizer = sgd_for(model)
-    wrapped = adist.wrap_data_parallel(model)
-    inputs, targets = reference_inputs()
-    x, y = acc.batch_to_device((inputs.chunk(2)[rank], targets.chunk(2)[rank]))
-    # DDP averages the ranks' gradients: twice each half's sum is the whole batch's
-    # sum, as the one-process step computes it.
-    loss = squared_error(wrapped(x), y) * WORLD_SIZE
-    loss.backward()  # type: ignore[no-untyped-call]
-    acc.optimizer_step(optimizer)
-    return cpu_copy(model)
-
-
-def _grads(model: Any) -> dict[str, torch.Tensor]:
-    return {name: p.grad.to("cpu").clone() for name, p in model.named_parameters()}
-
-
-def _no_sync(rank: int, acc: Any) -> dict[str, Any]:
-    """Two micro-batches of this rank's half: the first under ``no_sync(enabled=True)``
-    (gradients kept on the rank), the last under ``no_sync(enabled=False)`` (synced)."""
-    model = acc.model_to_device(reference_layer())
-    optimizer = sgd_for(model)
-    wrapped = adist.wrap_data_parallel(model)
-    inputs, targets = reference_inputs()
-    micro = list(zip(inputs.chunk(2)[rank].chunk(2), targets.chunk(2)[rank].chunk(2), strict=True))
-    found: dict[str, Any] = {}
-    for index, (x, y) in enumerate(micro):
-        with acc.no_sync(wrapped, enabled=index < len(micro) - 1):
-            x, y = acc.batch_to_device((x, y))
-            loss = squared_error(wrapped(x), y) * WORLD_SIZE  # as in _ddp_step
-            loss.backward()  # type: ignore[no-untyped-call]
-        found["unsynced" if index == 0 else "synced"] = _grads(model)
-    acc.optimizer_step(optimizer)
-    found["model"] = cpu_copy(model)
-    return found
-
-
-#: Seconds rank 0 waits before it saves: a rank 1 that writes (or returns before the
-#: file is complete) then shows in what it reads back right after its own save.
-SAVE_DELAY_S = 1.0
-
-
-def _save(rank: int, acc: Any, workdir: Path) -> dict[str, torch.Tensor]:
-    """Both ranks save to one path, each its own rank number; each reads the file back
-    as soon as its save returns (-1: no file yet)."""
-    path = workdir / "checkpoint.pt"
-    torch.distributed.barrier()  # both start together: the delay is rank 0's alone
-    if rank == 0:
-        time.sleep(SAVE_DELAY_S)
-    try:
-        weights = torch.full((2,), float(rank), device=acc.device)
-        acc.save({"writer": rank, "weights": weights}, path)
-        seen = torch.load(path, weights_only=True)["writer"] if path.exists() else -1
-    finally:
-        torch.distributed.barrier()  # neither rank leaves while the other may still read
-    return {"writer": torch.tensor(seen)}
-
-
-def _failed_save(rank: int, acc: Any, workdir: Path) -> dict[str, torch.Tensor]:
-    """Both ranks save to one path; rank 0's write fails as a full disk does (its object
-    raises OSError when stored, as in checkpoints.failed_save). 1: the save raised an
-    OSError, 0: it returned."""
-    path = workdir / "failed.pt"
-    obj: dict[str, Any] = {"writer": rank}
-    if rank == 0:
-        obj["broken"] = FailsToStore()
-    raised = 0
-    try:
-        # Allowed for the save's check of what load reads back: the write itself fails.
-        with torch.serialization.safe_globals([FailsToStore]):
-            acc.save(obj, path)
-    except OSError:
-        raised = 1
-    finally:
-        torch.distributed.barrier()  # neither rank leaves while the other may still save
-    return {"raised": torch.tensor(raised)}
-
-
-#: Small enough that the reference layer's gradients are clipped.
-CLIP_MAX_NORM = 0.1
-
-
-def _clip(rank: int, acc: Any) -> dict[str, Any]:
-    """A DDP backward of this rank's half, then clip_grad_norm_ and the step."""
-    model = acc.model_to_device(reference_layer())
-    optimizer = sgd_for(model)
-    wrapped = adist.wrap_data_parallel(model)
-    inputs, targets = reference_inputs()
-    x, y = acc.batch_to_device((inputs.chunk(2)[rank], targets.chunk(2)[rank]))
-    loss = squared_error(wrapped(x), y) * WORLD_SIZE  # as in _ddp_step
-    loss.backward()  # type: ignore[no-untyped-call]
-    norm = acc.clip_grad_norm_(model.parameters(), max_norm=CLIP_MAX_NORM)
-    acc.optimizer_step(optimizer)
-    return {"norm": norm.to("cpu"), "model": cpu_copy(model)}
-
-
-def _cpu_clipped_step(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    model = reference_layer()
-    optimizer = sgd_for(model)
-    squared_error(model(inputs), targets).backward()  # type: ignore[no-untyped-call]
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_MAX_NORM)
-    optimizer.step()
-    return norm, cpu_copy(model)
 
 
 def _worker(rank: int, name: str, port: int, workdir: str) -> None:
@@ -181,12 +75,12 @@ def _worker(rank: int, name: str, port: int, workdir: str) -> None:
         context = adist.init_process_group(name, timeout=TIMEOUT_S)
         try:
             checks: tuple[Callable[[int, Any], Any], ...] = (
-                _all_reduce,
-                _ddp_step,
-                _no_sync,
-                _clip,
-                partial(_save, workdir=Path(workdir)),
-                partial(_failed_save, workdir=Path(workdir)),
+                all_reduce_task,
+                ddp_step_task,
+                no_sync_task,
+                clip_task,
+                partial(save_task, workdir=Path(workdir)),
+                partial(failed_save_task, workdir=Path(workdir)),
             )
             for task, check in zip(TASKS, checks, strict=True):
                 try:
@@ -335,7 +229,7 @@ def ddp_step(subject: Subject) -> None:
 def _cpu_grads(inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
     model = reference_layer()
     (squared_error(model(inputs), targets) * WORLD_SIZE).backward()  # type: ignore[no-untyped-call]
-    return _grads(model)
+    return gradients_of(model)
 
 
 def _grads_text(grads: dict[str, torch.Tensor]) -> str:
@@ -366,6 +260,15 @@ def no_sync(subject: Subject) -> None:
             "skipped?)"
         )
         assert_close(result["model"], cpu_reference_step(inputs, targets), f"rank {rank}")
+
+
+def _cpu_clipped_step(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    model = reference_layer()
+    optimizer = sgd_for(model)
+    squared_error(model(inputs), targets).backward()  # type: ignore[no-untyped-call]
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_MAX_NORM)
+    optimizer.step()
+    return norm, cpu_copy(model)
 
 
 @promise(
