@@ -45,7 +45,7 @@ def test_the_cli_runs_the_kit_with_no_pytest_anywhere(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "7 passed, 0 failed, 0 skipped" in result.stdout
+    assert "8 passed, 0 failed, 0 skipped" in result.stdout
     probe = subprocess.run(
         [sys.executable, "-c", "import pytest"],
         env={**environment, "PYTHONPATH": str(blocked)},

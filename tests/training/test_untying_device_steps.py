@@ -43,8 +43,18 @@ def test_the_copy_probe_says_what_the_device_does() -> None:
 
 
 def test_a_refused_batch_names_the_hook_it_failed_in() -> None:
-    acc = isolated_registry(UntyingDevicePlugin()).get_accelerator("untying")
-    with HostMoves(), pytest.raises(RuntimeError, match="only contiguous") as failure:
+    # maia: a device type torch names that is not PrivateUse1, so no contiguous retry.
+    acc = isolated_registry(UntyingDevicePlugin("other", "maia")).get_accelerator("other")
+    with HostMoves("maia"), pytest.raises(RuntimeError, match="only contiguous") as failure:
         acc.batch_to_device({"x": torch.ones(2, 3).t()})
     notes = getattr(failure.value, "__notes__", [])
     assert any("raised in hook 'batch_to_device' of plugin 'accel.fallbacks'" in n for n in notes)
+
+
+def test_a_privateuse1_device_that_refuses_a_view_gets_contiguous_copies() -> None:
+    acc = isolated_registry(UntyingDevicePlugin()).get_accelerator("untying")
+    view = torch.arange(6.0).reshape(2, 3).t()
+    with HostMoves():
+        moved = acc.batch_to_device({"x": view})
+    assert moved["x"].device.type == "privateuseone"
+    assert torch.equal(values(moved["x"]), view)
