@@ -10,6 +10,7 @@ the child does; a test adds or deletes the variables it is about.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -97,3 +98,34 @@ def last_json_line(result: subprocess.CompletedProcess[str]) -> Any:
     showing its stderr when it did not."""
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_kit_under_pytest(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``pytest --pyargs accel.testing.conformance ARGS`` as a vendor's CI runs it: no
+    TPU configured and no default accelerator name, ``env`` added."""
+    autoloaded = any(
+        ep.value == "accel.tools.pytest_plugin"
+        for ep in importlib.metadata.entry_points(group="pytest11")
+    )
+    # Where accel is not installed (the tests import the checkout), load accel's plugin
+    # by hand; never twice, which pytest refuses.
+    plugin = () if autoloaded else ("-p", "accel.tools.pytest_plugin")
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"PJRT_DEVICE", "ACCEL_ACCELERATOR"}
+    }
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "--pyargs", "accel.testing.conformance"),
+            *plugin,
+            *("-p", "no:cacheprovider", "-q"),
+            *args,
+        ],
+        cwd=cwd,
+        env={**environment, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )

@@ -6,16 +6,14 @@ check only what a promise checks are not repeated here (see the kit's promises).
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from accel.testing.conformance import Limits, Outcome, all_promises, run
 from accel.tools.cli import main
+from helpers.processes import run_kit_under_pytest
 from helpers.registries import isolated_registry
 
 
@@ -114,39 +112,9 @@ def test_an_unknown_or_unavailable_accelerator_is_an_error_never_a_skip(
     assert says in capsys.readouterr().err
 
 
-def _pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``pytest --pyargs accel.testing.conformance ARGS`` as a vendor's CI runs it."""
-    autoloaded = any(
-        ep.value == "accel.tools.pytest_plugin"
-        for ep in importlib.metadata.entry_points(group="pytest11")
-    )
-    # Where accel is not installed (the tests import the checkout), load accel's plugin
-    # by hand; never twice, which pytest refuses.
-    plugin = () if autoloaded else ("-p", "accel.tools.pytest_plugin")
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--pyargs",
-            "accel.testing.conformance",
-            *plugin,
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            *args,
-        ],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def test_pytest_runs_the_kit_with_declared_skips_named_in_the_summary(tmp_path: Path) -> None:
     (tmp_path / "kit_limits.py").write_text(LIMITS_MODULE)
-    result = _pytest(
+    result = run_kit_under_pytest(
         "--accelerator",
         "cpu",
         "--accel-limits",
@@ -163,7 +131,7 @@ def test_pytest_runs_the_kit_with_declared_skips_named_in_the_summary(tmp_path: 
 
 
 def test_pytest_on_an_unavailable_accelerator_is_one_usage_error(tmp_path: Path) -> None:
-    result = _pytest("--accelerator", "tpu", "-k", "selection", cwd=tmp_path)
+    result = run_kit_under_pytest("--accelerator", "tpu", "-k", "selection", cwd=tmp_path)
     assert result.returncode == 4, (result.stdout, result.stderr)
     errors = [
         line

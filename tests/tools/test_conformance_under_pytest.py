@@ -3,46 +3,11 @@ cannot check anything says so once, and a passing run is quiet."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-
-def _pytest(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    autoloaded = any(
-        ep.value == "accel.tools.pytest_plugin"
-        for ep in importlib.metadata.entry_points(group="pytest11")
-    )
-    plugin = () if autoloaded else ("-p", "accel.tools.pytest_plugin")
-    environment = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"PJRT_DEVICE", "ACCEL_ACCELERATOR"}  # no TPU here, no default name
-    }
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--pyargs",
-            "accel.testing.conformance",
-            *plugin,
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            *args,
-        ],
-        cwd=cwd,
-        env={**environment, **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+from helpers.processes import run_kit_under_pytest
 
 
 @pytest.mark.parametrize(
@@ -62,7 +27,7 @@ def _pytest(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[st
 def test_a_run_that_cannot_check_is_one_usage_error(
     args: tuple[str, ...], env: dict[str, str], says: str, tmp_path: Path
 ) -> None:
-    result = _pytest(*args, cwd=tmp_path, **env)
+    result = run_kit_under_pytest(*args, cwd=tmp_path, **env)
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR:")]
     assert len(errors) == 1, result.stderr
@@ -72,14 +37,16 @@ def test_a_run_that_cannot_check_is_one_usage_error(
 
 
 def test_listing_the_promises_needs_no_device(tmp_path: Path) -> None:
-    result = _pytest("--accelerator", "tpu", "--collect-only", cwd=tmp_path)
+    result = run_kit_under_pytest("--accelerator", "tpu", "--collect-only", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "test_promise[moves.rollback]" in result.stdout
 
 
 def test_the_kit_shows_none_of_torchs_own_deprecation_warnings(tmp_path: Path) -> None:
     # The first compile imports inductor, whose passes call torch.jit.script_method.
-    result = _pytest("--accelerator", "cpu", "-k", "compile", "-W", "default", cwd=tmp_path)
+    result = run_kit_under_pytest(
+        "--accelerator", "cpu", "-k", "compile", "-W", "default", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout
     assert "warning" not in result.stdout
