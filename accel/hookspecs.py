@@ -88,6 +88,8 @@ def register_accelerators() -> Iterable[AcceleratorSpec]:
             return [accel.AcceleratorSpec("npu", aliases=("ascend",), priority=150,
                                           description="Huawei Ascend NPUs via torch_npu")]
     """
+    # pluggy never calls a spec (the others are their docstrings alone); mypy wants a
+    # body for a result that cannot be None.
     raise NotImplementedError
 
 
@@ -108,7 +110,6 @@ def is_available(accelerator: str) -> Availability | None:
                                           remedy="pip install torch_npu")
             return accel.Availability(True)
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -124,7 +125,6 @@ def device_count(accelerator: str) -> int | None:
         def device_count():
             return torch.npu.device_count()
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -138,7 +138,6 @@ def get_device(accelerator: str, index: int | None) -> torch.device | None:
         def get_device(index):
             return torch.device("npu", 0 if index is None else index)
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -150,7 +149,6 @@ def distributed_backend(accelerator: str) -> str | None:
         def distributed_backend():
             return "hccl"
     """
-    raise NotImplementedError
 
 
 @hookspec
@@ -168,7 +166,6 @@ def pre_move_hook(
         def pre_move_hook(model, context):
             context.notes["mine.param_count"] = sum(p.numel() for p in model.parameters())
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -190,7 +187,6 @@ def model_to_device(
                      time.perf_counter() - started)
             return moved
     """
-    raise NotImplementedError
 
 
 @hookspec
@@ -211,7 +207,6 @@ def post_move_hook(
                 if param.device != device:
                     raise RuntimeError(f"{name} stayed on {param.device}")
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -230,7 +225,6 @@ def batch_to_device(accelerator: str, batch: Any, device: torch.device) -> Any:
         def batch_to_device(batch, device):
             return my_runtime.send_to_device(batch, device)
     """
-    raise NotImplementedError
 
 
 # -- the training step ---------------------------------------------------------------
@@ -259,7 +253,6 @@ def optimizer_step(
             my_runtime.flush()
             return result
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -286,7 +279,6 @@ def clip_grad_norm_(
             my_runtime.all_reduce_gradients(parameters)
             return accel.training.step.clip_grad_norm(parameters, max_norm, norm_type)
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -306,7 +298,6 @@ def no_sync(
         def no_sync(model, enabled):
             return my_runtime.skip_gradient_reduction(model) if enabled else None
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -326,7 +317,6 @@ def grad_scaler(
         def grad_scaler(options):
             return my_runtime.amp.GradScaler(**options)
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -345,7 +335,6 @@ def compile_backend(accelerator: str, device: torch.device) -> str | Callable[..
         def compile_backend():
             return "npu_backend"  # registered by the vendor's torch extension
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -359,7 +348,6 @@ def mark_step(accelerator: str, device: torch.device) -> None:
         def mark_step(device):
             my_lazy_runtime.flush(device)
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -375,7 +363,6 @@ def synchronize(accelerator: str, device: torch.device) -> None:
         def synchronize(device):
             torch.npu.synchronize(device)
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -391,7 +378,6 @@ def manual_seed(accelerator: str, seed: int, device: torch.device) -> None:
         def manual_seed(seed, device):
             my_runtime.set_rng_state(seed, device)
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -412,7 +398,6 @@ def autocast(
                 accelerator, device, dtype, default=torch.float16,
                 supported=(torch.float16, torch.bfloat16))
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -434,7 +419,6 @@ def memory_stats(accelerator: str, device: torch.device) -> MemoryStats | None:
                 total_bytes=torch.npu.get_device_properties(device).total_memory,
             )
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -457,7 +441,6 @@ def device_loader(
         def device_loader(loader, device, move):
             return my_runtime.PrefetchingLoader(loader, device, then=move)
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -475,7 +458,6 @@ def state_dict(accelerator: str, model: torch.nn.Module) -> dict[str, Any] | Non
             my_runtime.wait_for_pending_writes()
             return None  # then let the fallback copy
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -502,7 +484,6 @@ def save(accelerator: str, obj: Any, path: str | os.PathLike[str]) -> None:
                     accel.training.checkpoint.atomic_save(obj, path)
                 my_runtime.barrier()
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -520,7 +501,6 @@ def load(accelerator: str, path: str | os.PathLike[str]) -> Any:
             my_runtime.prefetch(path)
             return None  # then let the fallback read it
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -542,7 +522,6 @@ def restore_to_device(
         def restore_to_device(tensors, device):
             return my_runtime.upload_all(tensors, device)
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -553,14 +532,13 @@ def rng_state(accelerator: str, device: torch.device) -> Any:
     ``torch.load(weights_only=True)`` reads: tensors, numbers, strings, containers.
     *First result*: the fallback returns ``{"type": device.type, "states": [...]}``
     from ``torch.<device type>.get_rng_state_all()`` (CUDA, XPU, ...) or
-    ``get_rng_state()`` (MPS), and ``None`` for the CPU (torch's host generator is
+    ``get_rng_state()`` (MPS), and no states for the CPU (torch's host generator is
     stored by accel itself). Example::
 
         @accel.hookimpl
         def rng_state(device):
             return {"type": "npu", "seed": my_runtime.current_seed(device)}
     """
-    raise NotImplementedError
 
 
 @hookspec(firstresult=True)
@@ -574,4 +552,3 @@ def set_rng_state(accelerator: str, state: Any, device: torch.device) -> None:
         def set_rng_state(state, device):
             my_runtime.set_seed(state["seed"], device)
     """
-    raise NotImplementedError
