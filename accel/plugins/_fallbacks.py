@@ -16,7 +16,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -34,11 +34,6 @@ from accel.training.nested import map_nested
 from accel.training.precision import autocast_to, backend_amp_dtypes
 from accel.training.step import clip_grad_norm, gradient_sync_paused, scaled_step
 from accel.types import Availability, MemoryStats
-
-if TYPE_CHECKING:
-    import torch
-
-    from accel.types import MemoryStats
 
 
 @hookimpl(trylast=True)
@@ -239,12 +234,10 @@ def restore_to_device(tensors: list[torch.Tensor], device: torch.device) -> Any:
 @hookimpl(trylast=True)
 def rng_state(device: torch.device) -> Any:
     module = None if device.type == "cpu" else device_generators_of(device.type)
-    if module is None:
-        return {"type": device.type, "states": []}  # the host generator is stored apart
-    if hasattr(module, "get_rng_state_all"):
-        states = list(module.get_rng_state_all())
-    else:
-        states = [module.get_rng_state()]
+    states: list[Any] = []  # none of the host's: accel stores its generator apart
+    if module is not None:
+        read_all = getattr(module, "get_rng_state_all", None)
+        states = list(read_all()) if read_all else [module.get_rng_state()]
     return {"type": device.type, "states": states}
 
 
@@ -271,12 +264,8 @@ def torch_accelerator(device_type: str) -> Any:
     ``None``. Never for ``cpu`` or ``cuda``: asking CUDA's count may initialise it."""
     if device_type in ("cpu", "cuda", "meta"):
         return None
-
-    runtime = getattr(torch, "accelerator", None)  # torch 2.6+
-    if runtime is None:
-        return None
     # Compile-time answer: no runtime probe, no fork poisoning (torch's own note).
-    reported = runtime.current_accelerator()
+    reported = torch.accelerator.current_accelerator()
     if reported is None or reported.type != device_type:
         return None
-    return runtime
+    return torch.accelerator
