@@ -9,22 +9,23 @@ first use, never at ``import accel``.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, NamedTuple, final
+from functools import partial
+from typing import TYPE_CHECKING, final
 
 import accel.plugins as builtin_plugins
 import accel.plugins._fallbacks as fallbacks
 from accel._registry.arguments import checked_arguments
-from accel._registry.catalog import BUILTIN_PROVIDER, Catalog, Conflict
+from accel._registry.catalog import BUILTIN_PROVIDER, Catalog
 from accel._registry.conflicts import (
     builtin_conflict_error,
     conflict_error,
     warn_builtin_aliases,
     warn_disputed_alias,
-    without_aliases,
 )
-from accel._registry.declarations import check_plugin_object, declared_specs, plugin_label
+from accel._registry.declarations import declared_specs, plugin_label
 from accel._registry.dispatch import Dispatcher
 from accel._registry.loading import EntryPointLoader
 from accel._registry.selection import Selector
@@ -38,13 +39,6 @@ if TYPE_CHECKING:
     from accel.accelerator import Accelerator
 
 __all__ = ["AcceleratorRegistry"]
-
-
-class _Loaded(NamedTuple):
-    """What a registry has once its plugins are loaded."""
-
-    dispatcher: Dispatcher
-    selector: Selector
 
 
 @final
@@ -85,7 +79,10 @@ class AcceleratorRegistry:
         self._loader = EntryPointLoader(entry_points, allowed=allowed, autoload=autoload)
         self._builtins = builtins
         self._catalog = Catalog()
-        self._parts: _Loaded | None = None
+        #: The hook dispatch, created by the first load.
+        self._dispatcher: Dispatcher
+        #: Set once the plugins are loaded, after everything else.
+        self._selector: Selector | None = None
         self._failures: list[PluginFailure] = []
         # Re-entrant: loading registers plugins, and registering makes sure loading ran.
         # It also guards the catalog: selection reads it under this lock (see Selector).
@@ -107,24 +104,23 @@ class AcceleratorRegistry:
             :class:`PluginError`.
         :raises PluginError: the plugin is malformed, or a name it declares is taken.
         """
-        dispatcher = self._loaded().dispatcher
+        self._loaded()
         with self._lock:
-            label = name or plugin_label(plugin)
-            self._add(dispatcher, plugin, label, plugin_label(plugin), override=override)
+            self._add(plugin, name or plugin_label(plugin), plugin_label(plugin), override=override)
 
     def unregister(self, plugin: object) -> None:
         """Remove a plugin and every accelerator it declared.
 
         Handles of its accelerators raise :class:`AcceleratorNotFoundError` from then on.
         """
-        dispatcher = self._loaded().dispatcher
+        self._loaded()
         with self._lock:
-            if not dispatcher.is_registered(plugin):
+            if not self._dispatcher.is_registered(plugin):
                 raise PluginError(
                     f"cannot unregister {plugin_label(plugin)!r}: it is not registered in "
                     f"this registry (registries never share plugins)"
                 )
-            dispatcher.remove_plugin(plugin, self._catalog.remove(plugin))
+            self._remove(plugin)
 
     # -- queries -------------------------------------------------------------------
 
@@ -154,7 +150,7 @@ class AcceleratorRegistry:
         # A run's first call into accel: from here on (loading plugins may take
         # seconds) a preemption signal is noted for the guard, not fatal.
         note_early_signals()
-        return self._refreshed().selector.select(name, tie_check)
+        return self._refreshed().select(name, tie_check)
 
     def distributed_backends(self, name: str) -> dict[str, str]:
         """The :mod:`torch.distributed` backend of each accelerator ``name`` selects, by
@@ -167,13 +163,13 @@ class AcceleratorRegistry:
         :raises PluginError: several installed plugins claim that name.
         :raises AcceleratorValueError: ``name`` is ``"auto"`` or malformed.
         """
-        return self._loaded().selector.distributed_backends(name)
+        return self._loaded().distributed_backends(name)
 
     def list_accelerators(self) -> list[AcceleratorInfo]:
         """Every registered accelerator, available or not, in ``"auto"`` order
         (highest priority first, then by name); then plugins that failed to load,
         unavailable, with their error."""
-        return self._refreshed().selector.rows()
+        return self._refreshed().rows()
 
     def plugin_failures(self) -> list[PluginFailure]:
         """Plugins that failed to load or register, with their errors."""
@@ -188,81 +184,76 @@ class AcceleratorRegistry:
 
     # -- internals -------------------------------------------------------------------
 
-    def _loaded(self) -> _Loaded:
-        """The dispatcher and selector, after loading the built-ins and entry points once."""
-        parts = self._parts
-        if parts is not None:
-            return parts
+    def _loaded(self) -> Selector:
+        """The selector, after loading the built-ins and entry points once."""
+        selector = self._selector
+        if selector is not None:
+            return selector
         with self._lock:
-            if self._parts is None:
-                if self._loading_thread == threading.get_ident():
-                    raise self._reentry_error()
-                self._loading_thread = threading.get_ident()
-                try:
-                    self._parts = self._load()
-                except BaseException:
-                    # An interrupt while a plugin hangs: the next use starts afresh.
-                    self._catalog = Catalog()
-                    self._failures = []
-                    raise
-                finally:
-                    self._loading_thread = None
-            return self._parts
-
-    def _load(self) -> _Loaded:
-        dispatcher = Dispatcher(fallbacks)
-        if self._builtins:
-            for (
-                builtin_name,
-                factory,
-            ) in builtin_plugins.BUILTIN_PLUGINS:  # read now: tests replace it
-                self._add(dispatcher, factory(), f"accel.builtin.{builtin_name}", BUILTIN_PROVIDER)
-        self._failures.extend(
-            self._loader.load(
-                lambda plugin, name, provider: self._add(
-                    dispatcher, plugin, name, provider, entry_point=True
+            if self._selector is not None:
+                return self._selector
+            if self._loading_thread == threading.get_ident():
+                current = self._loader.current
+                who = (
+                    f"accel plugin {current[0]!r} from {current[1]}"
+                    if current is not None
+                    else "a built-in plugin"
                 )
-            )
-        )
-        if self._builtins:  # after every plugin: a plugin's own name takes precedence
-            self._add_torch_devices(dispatcher)
-        # Returned last: other threads wait on the lock until the registry is whole.
-        selector = Selector(
-            self._catalog, dispatcher, self._failures, self._lock, default_from_env=self._from_env
-        )
-        return _Loaded(dispatcher, selector)
+                raise PluginError(
+                    f"{who} used accel (selected, listed or registered an accelerator) while "
+                    f"accel was still loading it; accel can answer only once every plugin has "
+                    f"loaded. Move that call out of the plugin's import-time code into a hook, "
+                    f"which accel calls after loading."
+                )
+            self._loading_thread = threading.get_ident()
+            try:
+                self._selector = self._load()
+            except BaseException:
+                # An interrupt while a plugin hangs: the next use starts afresh.
+                self._catalog = Catalog()
+                self._failures = []
+                raise
+            finally:
+                self._loading_thread = None
+            return self._selector
 
-    def _add_torch_devices(self, dispatcher: Dispatcher) -> None:
+    def _load(self) -> Selector:
+        self._dispatcher = Dispatcher(fallbacks)
+        if self._builtins:
+            # BUILTIN_PLUGINS is read now: tests replace it.
+            for builtin_name, factory in builtin_plugins.BUILTIN_PLUGINS:
+                self._add(factory(), f"accel.builtin.{builtin_name}", BUILTIN_PROVIDER)
+        self._failures.extend(self._loader.load(partial(self._add, entry_point=True)))
+        if self._builtins:  # after every plugin: a plugin's own name takes precedence
+            self._add_torch_devices()
+        # Returned last: other threads wait on the lock until the registry is whole.
+        return Selector(
+            self._catalog,
+            self._dispatcher,
+            self._failures,
+            self._lock,
+            default_from_env=self._from_env,
+        )
+
+    def _add_torch_devices(self) -> None:
         self._privateuse1 = privateuse1_name()
         for plugin in unclaimed_devices(lambda name: bool(self._catalog.candidates(name))):
-            self._add(dispatcher, plugin, f"accel.torch.{plugin.device_type}", NO_PLUGIN)
+            self._add(plugin, f"accel.torch.{plugin.device_type}", NO_PLUGIN)
 
-    def _refreshed(self) -> _Loaded:
+    def _refreshed(self) -> Selector:
         """:meth:`_loaded`, with a PrivateUse1 backend renamed since then added."""
-        parts = self._loaded()
+        selector = self._loaded()
         if self._builtins and self._privateuse1 != privateuse1_name():
             with self._lock:
                 if self._privateuse1 != privateuse1_name():
-                    self._add_torch_devices(parts.dispatcher)
-        return parts
+                    self._add_torch_devices()
+        return selector
 
-    def _reentry_error(self) -> PluginError:
-        current = self._loader.current
-        who = (
-            f"accel plugin {current[0]!r} from {current[1]}"
-            if current is not None
-            else "a built-in plugin"
-        )
-        return PluginError(
-            f"{who} used accel (selected, listed or registered an accelerator) while accel "
-            f"was still loading it; accel can answer only once every plugin has loaded. "
-            f"Move that call out of the plugin's import-time code into a hook, which accel "
-            f"calls after loading."
-        )
+    def _remove(self, plugin: object) -> None:
+        self._dispatcher.remove_plugin(plugin, self._catalog.remove(plugin))
 
     def _add(
         self,
-        dispatcher: Dispatcher,
         plugin: object,
         label: str,
         provider: str,
@@ -270,68 +261,61 @@ class AcceleratorRegistry:
         override: bool = False,
         entry_point: bool = False,
     ) -> None:
-        check_plugin_object(plugin, label, provider, dispatcher.validator())
-        if dispatcher.is_registered(plugin):
+        if self._dispatcher.is_registered(plugin):
             raise PluginError(
                 f"plugin {label!r} from {provider} is already registered in this registry, "
                 f"and a plugin object is registered once. Register it once; to register it "
                 f"anew (with another name=), unregister it first (registry.unregister(plugin))."
             )
-        specs = declared_specs(plugin, label, provider, dispatcher.validator())
+        specs = declared_specs(plugin, label, provider, self._dispatcher.validator())
         conflicts = self._catalog.conflicts(specs, provider)
-        for conflict in [c for c in conflicts if c.holder.provider == NO_PLUGIN]:
-            # A device's own plugin replaces accel's stand-in for it.
-            dispatcher.remove_plugin(
-                conflict.holder.plugin, self._catalog.remove(conflict.holder.plugin)
+        # A device's own plugin replaces accel's stand-in for it; override=True, any holder.
+        replaced = [c for c in conflicts if override or c.holder.provider == NO_PLUGIN]
+        for holder in {id(c.holder.plugin): c.holder.plugin for c in replaced}.values():
+            self._remove(holder)
+        conflicts = [] if override else [c for c in conflicts if c.holder.provider != NO_PLUGIN]
+        if conflicts and not entry_point:
+            raise conflict_error(
+                conflicts[0], specs, label, provider, {c.name for c in conflicts}, in_code=True
             )
-        conflicts = [c for c in conflicts if c.holder.provider != NO_PLUGIN]
-        disputed_aliases: list[Conflict] = []
-        dropped_aliases: list[Conflict] = []  # aliases built-ins hold: the plugin loses them
-        if conflicts and override:
-            for holder in {id(c.holder.plugin): c.holder.plugin for c in conflicts}.values():
-                dispatcher.remove_plugin(holder, self._catalog.remove(holder))
-        elif conflicts:
-            if not entry_point:
-                raise conflict_error(
-                    conflicts[0], specs, label, provider, {c.name for c in conflicts}, in_code=True
-                )
-            # A built-in always keeps its names: an installed plugin cannot take them,
-            # and disputes nothing, so the built-in keeps working. A built-in's canonical
-            # name keeps the plugin out; a built-in's alias is only taken from the plugin.
-            builtin = [c for c in conflicts if c.holder.provider == BUILTIN_PROVIDER]
-            for conflict in builtin:
-                if conflict.is_canonical:
-                    raise builtin_conflict_error(conflict, specs, label, provider)
-            conflicts = [c for c in conflicts if c.holder.provider != BUILTIN_PROVIDER]
-            # Two installed distributions claim a name: selecting it then raises, naming
-            # both, whichever was installed first. A disputed alias costs neither plugin
-            # its own names; a disputed canonical name keeps the second plugin out.
-            canonical = [c for c in conflicts if c.is_canonical]
-            for conflict in canonical:
-                self._catalog.dispute(conflict.name, [conflict.holder.provider, provider])
-            if canonical:
-                # Its aliases of a disputed name are disputed too: had it loaded first,
-                # they would select the disputed accelerator.
-                disputed = {c.name for c in canonical}
-                for spec in specs:
-                    if spec.name in disputed:
-                        for alias in spec.aliases:
-                            self._catalog.dispute_alias(alias, spec.name)
-                named = {c.name for c in conflicts} | {
-                    alias for spec in specs if spec.name in disputed for alias in spec.aliases
-                }
-                raise conflict_error(canonical[0], specs, label, provider, named)
-            disputed_aliases = conflicts
-            dropped_aliases = builtin
-        kept = without_aliases(specs, {c.name for c in dropped_aliases})
-        names = [spec.name for spec in kept]
-        dispatcher.add_plugin(
-            plugin, dispatcher.unique_name(label, plugin), provider, accelerators=names
+        # A built-in always keeps its names: an installed plugin cannot take them, and
+        # disputes nothing, so the built-in keeps working. A built-in's canonical name
+        # keeps the plugin out; a built-in's alias is only taken from the plugin.
+        dropped = [c for c in conflicts if c.holder.provider == BUILTIN_PROVIDER]
+        for conflict in dropped:
+            if conflict.is_canonical:
+                raise builtin_conflict_error(conflict, specs, label, provider)
+        # Two installed distributions claim a name: selecting it then raises, naming
+        # both, whichever was installed first. A disputed alias costs neither plugin
+        # its own names; a disputed canonical name keeps the second plugin out.
+        disputed = [c for c in conflicts if c.holder.provider != BUILTIN_PROVIDER]
+        canonical = [c for c in disputed if c.is_canonical]
+        if canonical:
+            self._catalog.dispute(canonical, provider)
+            # Its aliases of a disputed name are disputed too: had it loaded first,
+            # they would select the disputed accelerator.
+            kept_out = [s for s in specs if s.name in {c.name for c in canonical}]
+            self._catalog.dispute_aliases(kept_out)
+            named = {c.name for c in disputed}.union(*(s.aliases for s in kept_out))
+            raise conflict_error(canonical[0], specs, label, provider, named)
+        lost = {c.name for c in dropped}  # built-ins' aliases: the plugin loses them
+        kept = (
+            [
+                dataclasses.replace(s, aliases=tuple(a for a in s.aliases if a not in lost))
+                for s in specs
+            ]
+            if lost
+            else specs
+        )
+        self._dispatcher.add_plugin(
+            plugin,
+            self._dispatcher.unique_name(label, plugin),
+            provider,
+            accelerators=[spec.name for spec in kept],
         )
         self._catalog.add(plugin, kept, provider)
-        for conflict in disputed_aliases:
-            self._catalog.dispute(conflict.name, [conflict.holder.provider, provider])
+        self._catalog.dispute(disputed, provider)
         # Warned once registered: each warning says what the registry now holds.
-        warn_builtin_aliases(specs, dropped_aliases, label, provider)
-        for conflict in disputed_aliases:
+        warn_builtin_aliases(specs, dropped, label, provider)
+        for conflict in disputed:
             warn_disputed_alias(conflict, specs, label, provider)

@@ -99,15 +99,19 @@ class Catalog:
                 del self._claims[key]
         return gone
 
-    def dispute(self, name: str, providers: list[str]) -> None:
-        """Mark ``name`` as claimed by several ``providers``: it selects nothing."""
-        self._disputes[name] = tuple(sorted({*self._disputes.get(name, ()), *providers}))
+    def dispute(self, conflicts: list[Conflict], provider: str) -> None:
+        """Mark each conflict's name as claimed by its holder and ``provider``: it selects
+        nothing."""
+        for c in conflicts:
+            claimants = {*self._disputes.get(c.name, ()), c.holder.provider, provider}
+            self._disputes[c.name] = tuple(sorted(claimants))
 
-    def dispute_alias(self, alias: str, name: str) -> None:
-        """Mark ``alias`` of the disputed ``name`` (declared by a plugin kept out of the
-        registry by that dispute) as disputed with it."""
-        if alias != name:
-            self._alias_disputes.setdefault(alias, name)
+    def dispute_aliases(self, specs: list[AcceleratorSpec]) -> None:
+        """Mark the aliases of ``specs`` (disputed names, declared by a plugin kept out of
+        the registry by that dispute) as disputed with them."""
+        for spec in specs:
+            for alias in spec.aliases:  # never the name itself (AcceleratorSpec drops it)
+                self._alias_disputes.setdefault(alias, spec.name)
 
     def disputed_by(self, name: str) -> tuple[str, ...]:
         """The providers disputing ``name``; empty when it is not disputed."""
@@ -146,10 +150,3 @@ class Catalog:
         """Every registration in ``"auto"`` order: highest priority first, then by
         canonical name, so the order never depends on install or load order."""
         return sorted(self._registrations.values(), key=lambda r: (-r.spec.priority, r.spec.name))
-
-    def plugins(self) -> list[object]:
-        """Each accelerator plugin once, in registration order."""
-        seen: dict[int, object] = {}
-        for registration in self._registrations.values():
-            seen.setdefault(id(registration.plugin), registration.plugin)
-        return list(seen.values())

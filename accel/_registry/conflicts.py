@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from accel._registry.catalog import BUILTIN_PROVIDER, Conflict
 from accel._util.names import PLUGINS_ENV
 from accel._util.warn import warn_at_caller
@@ -16,7 +14,6 @@ __all__ = [
     "conflict_error",
     "warn_builtin_aliases",
     "warn_disputed_alias",
-    "without_aliases",
 ]
 
 
@@ -36,15 +33,6 @@ def builtin_conflict_error(
         f"built-in on purpose.",
         conflicting_names=(conflict.name,),
     )
-
-
-def without_aliases(specs: list[AcceleratorSpec], dropped: set[str]) -> list[AcceleratorSpec]:
-    if not dropped:
-        return specs
-    return [
-        dataclasses.replace(s, aliases=tuple(a for a in s.aliases if a not in dropped))
-        for s in specs
-    ]
 
 
 def warn_builtin_aliases(

@@ -5,6 +5,7 @@ says what to change, before the plugin can take part in any call.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from types import ModuleType
 
@@ -16,7 +17,7 @@ from accel.errors import PluginError
 from accel.markers import PROJECT_NAME
 from accel.types import AcceleratorSpec
 
-__all__ = ["check_hook_names", "check_plugin_object", "declared_specs", "plugin_label"]
+__all__ = ["check_hook_names", "declared_specs", "new_plugin_manager", "plugin_label"]
 
 _HOOK_NAMES = tuple(hookspecs.__all__)
 
@@ -35,10 +36,14 @@ def new_plugin_manager() -> pluggy.PluginManager:
     return manager
 
 
-def check_plugin_object(
+def declared_specs(
     plugin: object, label: str, provider: str, manager: pluggy.PluginManager
-) -> None:
-    """Reject objects pluggy cannot hold or that implement no accel hook."""
+) -> list[AcceleratorSpec]:
+    """Reject objects pluggy cannot hold or that implement no accel hook; call the
+    plugin's ``register_accelerators`` (if any) and check what it returns.
+
+    An empty list means a cross-cutting plugin.
+    """
     try:
         hash(plugin)
     except TypeError:
@@ -52,15 +57,6 @@ def check_plugin_object(
             f"plugin {label!r} from {provider} has no accel hooks{hint}: mark its hook "
             f"implementations with @accel.hookimpl; the hooks are listed in accel.hookspecs"
         )
-
-
-def declared_specs(
-    plugin: object, label: str, provider: str, manager: pluggy.PluginManager
-) -> list[AcceleratorSpec]:
-    """Call the plugin's ``register_accelerators`` (if any) and check what it returns.
-
-    An empty list means a cross-cutting plugin.
-    """
     if manager.parse_hookimpl_opts(plugin, "register_accelerators") is None:
         return []
     if isinstance(plugin, type):
@@ -72,17 +68,18 @@ def declared_specs(
             f"plugin {label!r} from {provider} raised in register_accelerators: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
-    specs = _as_spec_list(returned)
-    if specs is None:
+    if isinstance(returned, AcceleratorSpec):
+        returned = [returned]
+    listed = isinstance(returned, Iterable) and not isinstance(returned, (str, bytes, Mapping))
+    specs = list(returned) if listed else []
+    if not listed or not all(isinstance(spec, AcceleratorSpec) for spec in specs):
         raise PluginError(
             f"plugin {label!r} from {provider}: register_accelerators must return "
             f"AcceleratorSpec objects, got {type(returned).__name__}: {returned!r}"
         )
-    seen: set[str] = set()
-    for spec in specs:
-        if spec.name in seen:
-            raise PluginError(f"plugin {label!r} declares accelerator {spec.name!r} twice")
-        seen.add(spec.name)
+    twice = [name for name, n in Counter(spec.name for spec in specs).items() if n > 1]
+    if twice:
+        raise PluginError(f"plugin {label!r} declares accelerator {twice[0]!r} twice")
     return specs
 
 
@@ -110,15 +107,3 @@ def check_hook_names(
             f"{', '.join(map(repr, unknown)) or '?'}.{hint} accel's hooks are: "
             f"{', '.join(_HOOK_NAMES)}."
         ) from exc
-
-
-def _as_spec_list(returned: object) -> list[AcceleratorSpec] | None:
-    """``returned`` as a list of specs, or ``None`` if it is anything else."""
-    if isinstance(returned, AcceleratorSpec):
-        return [returned]
-    if not isinstance(returned, Iterable) or isinstance(returned, (str, bytes, Mapping)):
-        return None
-    items = list(returned)
-    if all(isinstance(item, AcceleratorSpec) for item in items):
-        return items
-    return None

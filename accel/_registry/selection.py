@@ -60,10 +60,10 @@ class Selector:
         "_catalog",
         "_default_from_env",
         "_device_failures",
-        "_dispatcher",
         "_failures",
         "_lock",
         "_probed",
+        "dispatcher",
     )
 
     def __init__(
@@ -79,7 +79,8 @@ class Selector:
         ``"auto"``)."""
         self._default_from_env = default_from_env
         self._catalog = catalog
-        self._dispatcher = dispatcher
+        #: The registry's hook dispatch.
+        self.dispatcher = dispatcher
         self._failures = failures
         self._lock = lock
         # Canonical name -> why "auto" last found its get_device unusable: listed as
@@ -119,7 +120,7 @@ class Selector:
     def _own(self, handle: Accelerator) -> Accelerator:
         """``handle`` itself, if it is one of this registry's; the one rule every
         "a handle or a name" argument in accel follows."""
-        if self._dispatcher.owns(handle._hooks):
+        if self.dispatcher.owns(handle._hooks):
             return handle
         raise AcceleratorValueError(
             f"the accelerator handle {handle!r} belongs to another registry than the one "
@@ -133,7 +134,7 @@ class Selector:
         """Call with the lock held."""
         name = registration.spec.name
         try:
-            hooks = self._dispatcher.hooks(name)
+            hooks = self.dispatcher.hooks(name)
         except AcceleratorNotFoundError:  # leaving: its hooks are gone already
             return None
         return _Entry(registration, hooks, self._catalog.disputed_by(name))
