@@ -27,7 +27,6 @@ from accel._core.listing import (
     FALLBACKS_NAME,
     HookCall,
     count_problem,
-    describe,
     hook_call,
     index_error,
     no_longer_registered,
@@ -121,7 +120,7 @@ class AcceleratorHooks:
     def model_to_device(
         self, model: torch.nn.Module, device: torch.device, context: MoveContext
     ) -> torch.nn.Module:
-        moved, who = self._first("model_to_device", model=model, device=device, context=context)
+        moved, who = self._call("model_to_device", model=model, device=device, context=context)
         if who != FALLBACKS_NAME:  # a plugin moved it (None: one of them, pluggy ran it)
             context.notes[MOVED_BY_NOTE] = self.describe(who, "model_to_device")
         if not isinstance(moved, nn.Module):
@@ -136,7 +135,7 @@ class AcceleratorHooks:
         self._call("post_move_hook", model=model, device=device, context=context)
 
     def batch_to_device(self, batch: Any, device: torch.device) -> Any:
-        return self._call("batch_to_device", batch=batch, device=device)
+        return self._call("batch_to_device", batch=batch, device=device)[0]
 
     # -- the training step --------------------------------------------------------
 
@@ -164,7 +163,7 @@ class AcceleratorHooks:
         norm_type: float,
         device: torch.device,
     ) -> torch.Tensor:
-        norm, who = self._first(
+        norm, who = self._call(
             "clip_grad_norm_",
             parameters=parameters,
             max_norm=max_norm,
@@ -186,7 +185,7 @@ class AcceleratorHooks:
         )
 
     def compile_backend(self, device: torch.device) -> str | Callable[..., Any]:
-        backend, who = self._first("compile_backend", device=device)
+        backend, who = self._call("compile_backend", device=device)
         if not (isinstance(backend, str) and backend) and not callable(backend):
             raise self._bad(
                 "compile_backend",
@@ -221,7 +220,7 @@ class AcceleratorHooks:
     def device_loader(
         self, loader: Iterable[Any], device: torch.device, move: Callable[[Any], Any]
     ) -> Iterable[Any]:
-        batches, who = self._first("device_loader", loader=loader, device=device, move=move)
+        batches, who = self._call("device_loader", loader=loader, device=device, move=move)
         if not isinstance(batches, Iterable):
             raise self._bad(
                 "device_loader", f"returned {type(batches).__name__}, not an iterable", who
@@ -235,14 +234,14 @@ class AcceleratorHooks:
         self._call("save", obj=obj, path=path)
 
     def load(self, path: str | os.PathLike[str]) -> Any:
-        return self._call("load", path=path)
+        return self._call("load", path=path)[0]
 
     def restore_to_device(self, tensors: list[torch.Tensor], device: torch.device) -> Any:
         problem = partial(restored_tensors_problem, tensors, device=device)
         return self._vetted("restore_to_device", problem, tensors=tensors, device=device)
 
     def rng_state(self, device: torch.device) -> Any:
-        return self._call("rng_state", device=device)
+        return self._call("rng_state", device=device)[0]
 
     def set_rng_state(self, state: Any, device: torch.device) -> None:
         self._call("set_rng_state", state=state, device=device)
@@ -256,36 +255,35 @@ class AcceleratorHooks:
 
     def describe(self, plugin_name: str | None, hook_name: str) -> str:
         """Name the plugin that answered ``hook_name`` (``None``: not known, so every
-        plugin that may have answered), with its provider, for messages."""
-        known = plugin_name is not None
-        return describe(
-            plugin_name, () if known else self._build(hook_name).implementations, self.provider_of
+        plain implementation that may have answered), with its provider, for messages."""
+        if plugin_name is not None:
+            names = [plugin_name]
+        else:  # in pluggy's call order: the first that may have answered first
+            names = [
+                impl.plugin_name
+                for impl in reversed(self._build(hook_name).implementations)
+                if not (impl.wrapper or impl.hookwrapper)
+            ]
+        names = [name for name in names if name != FALLBACKS_NAME]
+        if not names:
+            return "accel's built-in fallback"
+        return "plugin " + " or ".join(
+            f"{name!r} ({self._providers.get(name, 'registered in code')})" for name in names
         )
-
-    def provider_of(self, plugin_name: str) -> str:
-        return self._providers.get(plugin_name, "registered in code")
 
     # -- calling ----------------------------------------------------------------------
 
-    def _call(self, hook_name: str, **kwargs: Any) -> Any:
-        """Call the hook through pluggy's own loop with this accelerator's hooks."""
-        call = self._calls.get(hook_name) or self._build(hook_name)
-        kwargs["accelerator"] = self.name
-        try:
-            return call.execute(hook_name, call.implementations, kwargs, call.firstresult)
-        except Exception as exc:
-            self._check_alive(exc)
-            raise
-
-    def _first(self, hook_name: str, **kwargs: Any) -> tuple[Any, str | None]:
-        """A first-result hook's answer, and the plugin that gave it (``None``: nobody
+    def _call(self, hook_name: str, **kwargs: Any) -> tuple[Any, str | None]:
+        """Call the hook through pluggy's own loop with this accelerator's hooks: its
+        answer, and for a first-result hook the plugin that gave it (``None``: nobody
         answered, or a plugin's wrapper may have changed the answer)."""
         call = self._calls.get(hook_name) or self._build(hook_name)
         kwargs["accelerator"] = self.name
         try:
-            result = call.execute(hook_name, call.implementations, kwargs, True)
+            result = call.execute(hook_name, call.implementations, kwargs, call.firstresult)
         except Exception as exc:
-            self._check_alive(exc)
+            if not self._alive:  # the plugin left: the call may have reached the fallbacks
+                raise no_longer_registered(self.name) from exc
             raise
         if result is None or call.has_wrapper:
             return result, None
@@ -293,7 +291,7 @@ class AcceleratorHooks:
 
     def _context(self, hook_name: str, **kwargs: Any) -> AbstractContextManager[Any]:
         """A first-result hook's answer, checked to be a context manager."""
-        context, who = self._first(hook_name, **kwargs)
+        context, who = self._call(hook_name, **kwargs)
         if not (hasattr(context, "__enter__") and hasattr(context, "__exit__")):
             raise self._bad(
                 hook_name, f"returned {type(context).__name__}, not a context manager", who
@@ -302,14 +300,14 @@ class AcceleratorHooks:
 
     def _expect(self, hook_name: str, expected: type[_T], **kwargs: Any) -> _T:
         """A first-result hook's answer, checked to be an ``expected`` (bool is no int)."""
-        result, who = self._first(hook_name, **kwargs)
+        result, who = self._call(hook_name, **kwargs)
         if isinstance(result, expected) and not (isinstance(result, bool) and expected is int):
             return result
         raise self._bad(hook_name, f"returned {shown(result)}; expected {expected.__name__}", who)
 
     def _vetted(self, hook_name: str, problem: Callable[[Any], str | None], **kwargs: Any) -> Any:
         """A first-result hook's answer, unless ``problem`` finds it wrong (then raised)."""
-        result, who = self._first(hook_name, **kwargs)
+        result, who = self._call(hook_name, **kwargs)
         if (found := problem(result)) is not None:
             raise self._bad(hook_name, found, who)
         return result
@@ -321,12 +319,6 @@ class AcceleratorHooks:
             f"hook {hook_name!r} for accelerator {self.name!r} {problem}, from "
             f"{self.describe(who, hook_name)}. {REPORT_TO_AUTHORS}"
         )
-
-    def _check_alive(self, exc: Exception | None = None) -> None:
-        """Raise :func:`no_longer_registered` where the accelerator's plugin has left
-        (a call that raised may have reached the fallbacks in its place)."""
-        if not self._alive:
-            raise no_longer_registered(self.name) from exc
 
     def _build(self, hook_name: str) -> HookCall:
         """The hook's call for this accelerator, cached until a plugin is added or
@@ -365,7 +357,7 @@ def blamed(
     firstresult: bool,
 ) -> Callable[..., Any]:
     """``impl``'s function, naming its plugin on what it raises (an exception note)
-    and recording it as the answerer of a first-result hook (read by ``_first``)."""
+    and recording it as the answerer of a first-result hook (read by ``_call``)."""
     function = impl.function
     name = impl.plugin_name
 

@@ -19,7 +19,6 @@ __all__ = [
     "FALLBACKS_NAME",
     "HookCall",
     "count_problem",
-    "describe",
     "hook_call",
     "index_error",
     "no_longer_registered",
@@ -115,27 +114,6 @@ def note_blame(exc: BaseException, hook_name: str, plugin_name: str, provider: s
     add_note(exc, f"raised in hook {hook_name!r} of plugin {plugin_name!r} ({provider})")
     with contextlib.suppress(AttributeError):
         exc._accel_noted = True  # type: ignore[attr-defined]
-
-
-def describe(
-    plugin_name: str | None,
-    implementations: Iterable[pluggy.HookImpl],
-    provider_of: Callable[[str], str],
-) -> str:
-    """Name the plugin that answered (``None``: not known, so each plain one of
-    ``implementations`` that may have), with its provider, for messages."""
-    if plugin_name == FALLBACKS_NAME:
-        return "accel's built-in fallback"
-    if plugin_name is not None:
-        return f"plugin {plugin_name!r} ({provider_of(plugin_name)})"
-    names = [
-        impl.plugin_name
-        for impl in implementations
-        if _is_plain(impl) and impl.plugin_name != FALLBACKS_NAME
-    ]
-    if not names:
-        return "accel's built-in fallback"
-    return "plugin " + " or ".join(f"{n!r} ({provider_of(n)})" for n in reversed(names))
 
 
 def shown(value: object) -> str:

@@ -1,0 +1,65 @@
+"""Who a bad answer is blamed on: the plugin that gave it, or, where a wrapper may have
+changed it, every plain implementation that may have, in pluggy's call order."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+import torch
+
+import accel
+from helpers.fakes import FakeAccelerator
+
+
+class _ListyNpu(FakeAccelerator):
+    @accel.hookimpl
+    def state_dict(self, model: torch.nn.Module) -> Any:
+        return list(model.state_dict().values())
+
+
+class _Passes:
+    """A cross-cutting plain implementation that gives no answer."""
+
+    @accel.hookimpl
+    def state_dict(self, model: torch.nn.Module) -> Any:
+        return None
+
+
+class _Wraps:
+    @accel.hookimpl(wrapper=True)
+    def state_dict(self, model: torch.nn.Module) -> Generator[None, Any, Any]:
+        return (yield)
+
+
+def _refusal(*plugins: tuple[object, str]) -> str:
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    for plugin, name in plugins:
+        registry.register(plugin, name=name)
+    with pytest.raises(accel.PluginError) as info:
+        registry.get_accelerator("npu").state_dict(torch.nn.Linear(2, 2))
+    return str(info.value)
+
+
+def test_a_bad_answer_names_the_plugin_that_gave_it() -> None:
+    message = _refusal((_ListyNpu("npu"), "listy"), (_Passes(), "passes"))
+    assert re.search(r"from plugin 'listy' \([^)]*_ListyNpu\)\. ", message), message
+
+
+def test_behind_a_wrapper_every_plain_implementation_that_may_have_answered_is_named() -> None:
+    message = _refusal((_ListyNpu("npu"), "listy"), (_Passes(), "passes"), (_Wraps(), "wraps"))
+    # Registered later, asked first; the wrapper and accel's fallback are not named.
+    named = r"from plugin 'passes' \([^)]*_Passes\) or 'listy' \([^)]*_ListyNpu\)\. "
+    assert re.search(named, message), message
+
+
+def test_an_answer_of_the_fallback_alone_names_the_fallback() -> None:
+    class Wrong(FakeAccelerator):
+        @accel.hookimpl(wrapper=True)
+        def state_dict(self, model: torch.nn.Module) -> Generator[None, Any, Any]:
+            yield
+            return ["not", "a", "dict"]
+
+    assert "from accel's built-in fallback." in _refusal((Wrong("npu"), "wrong"))
