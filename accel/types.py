@@ -44,6 +44,16 @@ def checked_tie_check(value: object) -> TieCheck:
     raise AcceleratorValueError(f"tie_check must be one of {modes}, got {value!r}")
 
 
+def _check_type(what: str, value: object, kind: type) -> None:
+    """Raise unless ``value`` is a ``kind``; a bool is no int here (``priority=True``).
+
+    :raises AcceleratorTypeError: naming ``what`` and the value found.
+    """
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        article = "an" if kind is int else "a"
+        raise AcceleratorTypeError(f"{what} must be {article} {kind.__name__}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class AcceleratorSpec:
     """An accelerator a plugin provides, as returned by its ``register_accelerators`` hook.
@@ -81,17 +91,10 @@ class AcceleratorSpec:
             )
         aliases = tuple(check_accelerator_name(alias, "alias") for alias in self.aliases)
         object.__setattr__(self, "aliases", tuple(a for a in aliases if a != self.name))
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
-            raise AcceleratorTypeError(
-                f"priority of {self.name!r} must be an int, got {self.priority!r}"
-            )
-        if not isinstance(self.description, str):
-            raise AcceleratorTypeError(f"description of {self.name!r} must be a str")
+        _check_type(f"priority of {self.name!r}", self.priority, int)
+        _check_type(f"description of {self.name!r}", self.description, str)
         for flag in ("unties_weights", "probing_initialises"):
-            if not isinstance(getattr(self, flag), bool):
-                raise AcceleratorTypeError(
-                    f"{flag} of {self.name!r} must be a bool, got {getattr(self, flag)!r}"
-                )
+            _check_type(f"{flag} of {self.name!r}", getattr(self, flag), bool)
 
 
 @dataclass(frozen=True)
@@ -114,15 +117,8 @@ class Availability:
     auto: bool = True
 
     def __post_init__(self) -> None:
-        for field_name in ("available", "auto"):
-            value = getattr(self, field_name)
-            if not isinstance(value, bool):
-                raise AcceleratorTypeError(
-                    f"Availability.{field_name} must be a bool, got {value!r}"
-                )
-        for field_name in ("reason", "remedy"):
-            if not isinstance(getattr(self, field_name), str):
-                raise AcceleratorTypeError(f"Availability.{field_name} must be a str")
+        for name, kind in {"available": bool, "auto": bool, "reason": str, "remedy": str}.items():
+            _check_type(f"Availability.{name}", getattr(self, name), kind)
 
 
 @dataclass(frozen=True)
