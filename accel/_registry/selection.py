@@ -14,7 +14,9 @@ leaves during the probe is then passed over (``"auto"``, listing) or reported as
 from __future__ import annotations
 
 import threading
-from typing import NamedTuple, NoReturn, final
+from typing import NamedTuple, final
+
+import torch
 
 from accel._registry.catalog import BUILTIN_PROVIDER, Catalog, Registration
 from accel._registry.dispatch import AcceleratorHooks, Dispatcher
@@ -94,7 +96,14 @@ class Selector:
         """The handle for ``name`` (see :meth:`accel.AcceleratorRegistry.get_accelerator`)."""
         tie_check = checked_tie_check(tie_check)
         if isinstance(name, Accelerator):
-            return self._own(name)
+            # The one rule every "a handle or a name" argument in accel follows.
+            if self.dispatcher.owns(name._hooks):
+                return name
+            raise AcceleratorValueError(
+                f"the accelerator handle {name!r} belongs to another registry than the one "
+                f"asked (registry=): pass the handle without a registry, or its name "
+                f"({name.name!r}) to this registry"
+            )
         if name is None and not self._default_from_env:
             name = AUTO
         name, source = name_from_environment(name)
@@ -110,22 +119,12 @@ class Selector:
                     f"'auto' takes no device index (got {name!r}{source}); ask for a named "
                     f"accelerator such as 'cuda:{index}' instead"
                 )
-            return self._select_auto(source, tie_check)
-        entry = self._resolve(base, name, source)
-        device = entry.hooks.device(index, requested=name, source=source)
+            entry, device = self._select_auto(source)
+        else:
+            entry = self._resolve(base, name, source)
+            device = entry.hooks.device(index, requested=name, source=source)
         return Accelerator(
             entry.hooks, entry.registration.spec, index=index, device=device, tie_check=tie_check
-        )
-
-    def _own(self, handle: Accelerator) -> Accelerator:
-        """``handle`` itself, if it is one of this registry's; the one rule every
-        "a handle or a name" argument in accel follows."""
-        if self.dispatcher.owns(handle._hooks):
-            return handle
-        raise AcceleratorValueError(
-            f"the accelerator handle {handle!r} belongs to another registry than the one "
-            f"asked (registry=): pass the handle without a registry, or its name "
-            f"({handle.name!r}) to this registry"
         )
 
     # -- snapshots: read under the lock, probed outside it ----------------------------
@@ -177,11 +176,27 @@ class Selector:
         self._probed.update(
             e.registration.spec.name for e in entries if e.registration.spec.probing_initialises
         )
-        probed = [(entry, _probe(entry)) for entry in entries]
+        probed = [
+            (entry, entry.hooks.availability(provider=entry.registration.provider))
+            for entry in entries
+        ]
         for entry, availability in probed:
             if availability.available:
                 return entry
-        self._raise_unavailable(requested, source, probed)
+        (first, availability), *others = probed
+        canonical = first.registration.spec.name
+        remedy = f" To use it: {_sentence(availability.remedy)}." if availability.remedy else ""
+        alternatives = "".join(
+            f" {other.registration.spec.name!r} is not available either: {_sentence(why.reason)}."
+            for other, why in others
+        )
+        raise AcceleratorUnavailableError(
+            f"accelerator {canonical!r} (asked for as {requested!r}{source}) is not available: "
+            f"{_sentence(availability.reason or 'its plugin says so')}.{remedy}{alternatives} "
+            f"Run `accel list` to see what this machine offers.",
+            accelerator=canonical,
+            reason=availability.reason,
+        )
 
     def _named(self, base: str, requested: str, source: str) -> list[_Entry]:
         """The accelerators ``base`` (a name or alias) selects, unprobed; an unknown or
@@ -212,27 +227,9 @@ class Selector:
             )
         return entries
 
-    def _raise_unavailable(
-        self, requested: str, source: str, probed: list[tuple[_Entry, Availability]]
-    ) -> NoReturn:
-        (first, availability), *others = probed
-        canonical = first.registration.spec.name
-        remedy = f" To use it: {_sentence(availability.remedy)}." if availability.remedy else ""
-        alternatives = "".join(
-            f" {other.registration.spec.name!r} is not available either: {_sentence(why.reason)}."
-            for other, why in others
-        )
-        raise AcceleratorUnavailableError(
-            f"accelerator {canonical!r} (asked for as {requested!r}{source}) is not available: "
-            f"{_sentence(availability.reason or 'its plugin says so')}.{remedy}{alternatives} "
-            f"Run `accel list` to see what this machine offers.",
-            accelerator=canonical,
-            reason=availability.reason,
-        )
-
     # -- "auto" -----------------------------------------------------------------------
 
-    def _select_auto(self, source: str, tie_check: TieCheck) -> Accelerator:
+    def _select_auto(self, source: str) -> tuple[_Entry, torch.device]:
         """The first available accelerator that ``"auto"`` may pick, in the catalog's
         ranking: highest priority, then canonical name. A disputed name is never picked,
         nor one whose probing raises (its reason is in ``accel list``)."""
@@ -249,16 +246,10 @@ class Selector:
                     break  # it left while being selected: rank again without it
                 except Exception as exc:
                     # As with a device_count that raises: passed over, the reason listed.
-                    self._device_failures[name] = _device_failed(exc)
+                    self._device_failures[name] = f"get_device failed: {type(exc).__name__}: {exc}"
                     continue
                 self._device_failures.pop(name, None)
-                return Accelerator(
-                    entry.hooks,
-                    entry.registration.spec,
-                    index=None,
-                    device=device,
-                    tie_check=tie_check,
-                )
+                return entry, device
             else:
                 break
         rows = self.rows()
@@ -313,10 +304,17 @@ class Selector:
             reason = f"its name is claimed by {', '.join(disputed)}"
             availability = Availability(False, reason=reason, auto=False)
         elif self._unprobed(entry):
-            availability = _not_probed(spec.name)
+            availability = Availability(
+                False,
+                reason="not probed: its plugin declares that probing initialises the device, "
+                "which listing and 'auto' never do",
+                remedy=f"select it by name (get_accelerator({spec.name!r}) or "
+                f"{ACCELERATOR_ENV}={spec.name}), which probes it",
+                auto=False,
+            )
         else:
-            availability = _probe(entry)
-        count, count_failed = 0, False
+            availability = hooks.availability(provider=registration.provider)
+        count, failure = 0, None
         # An available accelerator keeps its reason only when it explains why "auto"
         # passes it over (TPU on XLA:CPU).
         reason = "" if availability.available and availability.auto else availability.reason
@@ -325,42 +323,24 @@ class Selector:
             try:
                 count = hooks.device_count()
             except Exception as exc:
-                count_failed = True
-                reason = _count_failed(exc)
-            device_failure = self._device_failures.get(spec.name)
-            if device_failure is not None and not count_failed:
-                count_failed, reason = True, device_failure
-                remedy = f"fix the plugin, or report this to its authors ({registration.provider})"
+                failure = f"device_count failed: {type(exc).__name__}: {exc}"
+            else:
+                failure = self._device_failures.get(spec.name)
+                if failure is not None:
+                    remedy = "fix the plugin, or report this to its authors "
+                    remedy += f"({registration.provider})"
         return AcceleratorInfo(
             name=spec.name,
             aliases=spec.aliases,
-            available=availability.available and not count_failed,
+            available=availability.available and failure is None,
             device_count=count,
             priority=spec.priority,
             provider=registration.provider,
             description=spec.description,
-            reason=reason,
+            reason=failure or reason,
             remedy=remedy,
             auto=availability.auto,
         )
-
-
-def _not_probed(name: str) -> Availability:
-    """The row of an accelerator whose probing would initialise its device."""
-    return Availability(
-        False,
-        reason="not probed: its plugin declares that probing initialises the device, which "
-        "listing and 'auto' never do",
-        remedy=f"select it by name (get_accelerator({name!r}) or {ACCELERATOR_ENV}={name}), "
-        f"which probes it",
-        auto=False,
-    )
-
-
-def _probe(entry: _Entry) -> Availability:
-    """The accelerator's availability; where its probe raised, with what to do about it
-    (the probe's own remedy is lost with its result), naming the plugin's provider."""
-    return entry.hooks.availability(provider=entry.registration.provider)
 
 
 def _auto_may_pick(hooks: AcceleratorHooks) -> bool:
@@ -370,7 +350,7 @@ def _auto_may_pick(hooks: AcceleratorHooks) -> bool:
         return False
     try:
         hooks.device_count()
-    except Exception:  # listed with the reason (_count_failed) by accel list
+    except Exception:  # listed with the reason by accel list
         return False
     return True
 
@@ -379,11 +359,3 @@ def _sentence(text: str) -> str:
     """``text`` without its closing period: the message adds one (a reason that is a
     whole sentence, such as another error's message, would end in two)."""
     return text.rstrip().removesuffix(".")
-
-
-def _count_failed(exc: Exception) -> str:
-    return f"device_count failed: {type(exc).__name__}: {exc}"
-
-
-def _device_failed(exc: Exception) -> str:
-    return f"get_device failed: {type(exc).__name__}: {exc}"
