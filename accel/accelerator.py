@@ -225,10 +225,6 @@ class Accelerator:
         params, maximum, norm = checked_clip_arguments(parameters, max_norm, norm_type)
         return self._hooks.clip_grad_norm_(params, maximum, norm, self.device)
 
-    # Users call it on the handle: a call without max_norm then says
-    # "Accelerator.clip_grad_norm_() missing 1 required positional argument: 'max_norm'",
-    # not the name of this internal method group (Accelerator inherits it unchanged).
-
     def no_sync(self, model: nn.Module, enabled: bool = True) -> AbstractContextManager[Any]:
         """A context in which ``backward()`` does not all-reduce ``model``'s gradients:
         the micro-steps of gradient accumulation. ``enabled=False`` (the last micro-step)
