@@ -307,12 +307,7 @@ class AcceleratorRegistry:
             if lost
             else specs
         )
-        self._dispatcher.add_plugin(
-            plugin,
-            self._dispatcher.unique_name(label, plugin),
-            provider,
-            accelerators=[spec.name for spec in kept],
-        )
+        self._dispatcher.add_plugin(plugin, label, provider, accelerators=[s.name for s in kept])
         self._catalog.add(plugin, kept, provider)
         self._catalog.dispute(disputed, provider)
         # Warned once registered: each warning says what the registry now holds.

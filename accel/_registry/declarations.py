@@ -14,10 +14,9 @@ import pluggy
 from accel import hookspecs
 from accel._util.names import closest_name
 from accel.errors import PluginError
-from accel.markers import PROJECT_NAME
 from accel.types import AcceleratorSpec
 
-__all__ = ["check_hook_names", "declared_specs", "new_plugin_manager", "plugin_label"]
+__all__ = ["check_hook_names", "declared_specs", "plugin_label"]
 
 _HOOK_NAMES = tuple(hookspecs.__all__)
 
@@ -27,13 +26,6 @@ def plugin_label(plugin: object) -> str:
     if isinstance(plugin, ModuleType):
         return plugin.__name__
     return f"{type(plugin).__module__}.{type(plugin).__qualname__}"
-
-
-def new_plugin_manager() -> pluggy.PluginManager:
-    """An empty plugin manager that knows accel's hooks."""
-    manager = pluggy.PluginManager(PROJECT_NAME)
-    manager.add_hookspecs(hookspecs)
-    return manager
 
 
 def declared_specs(

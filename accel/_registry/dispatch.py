@@ -15,6 +15,7 @@ from typing import final
 
 import pluggy
 
+from accel import hookspecs
 from accel._core.hooks import AcceleratorHooks, blamed
 from accel._core.listing import (
     ACTION_HOOKS,
@@ -22,8 +23,9 @@ from accel._core.listing import (
     no_longer_registered,
     plain_implementers,
 )
-from accel._registry.declarations import check_hook_names, new_plugin_manager
+from accel._registry.declarations import check_hook_names
 from accel.errors import PluginError
+from accel.markers import PROJECT_NAME
 
 __all__ = ["AcceleratorHooks", "Dispatcher"]
 
@@ -35,7 +37,8 @@ class Dispatcher:
     __slots__ = ("_hooks", "_lock", "_manager", "_owners", "_providers")
 
     def __init__(self, fallbacks: object) -> None:
-        self._manager = new_plugin_manager()
+        self._manager = pluggy.PluginManager(PROJECT_NAME)
+        self._manager.add_hookspecs(hookspecs)
         self._providers: dict[str, str] = {}
         # Each accelerator plugin and the accelerators it declared.
         self._owners: dict[object, tuple[str, ...]] = {}
@@ -54,57 +57,51 @@ class Dispatcher:
         """The registry's plugin manager (it parses and validates hook implementations)."""
         return self._manager
 
-    def unique_name(self, label: str, plugin: object) -> str:
-        """``label``, or ``label`` made unique if another plugin already has it."""
-        return label if self._manager.get_plugin(label) is None else f"{label}-{id(plugin):x}"
-
     def is_registered(self, plugin: object) -> bool:
         return self._manager.is_registered(plugin)
 
     def add_plugin(
-        self, plugin: object, name: str, provider: str, *, accelerators: list[str]
+        self, plugin: object, label: str, provider: str, *, accelerators: list[str]
     ) -> None:
-        """Validate and register ``plugin``: for its ``accelerators``, or for every
-        accelerator (``accelerators=[]``, a cross-cutting plugin).
+        """Validate and register ``plugin`` as ``label`` (made unique if another plugin
+        has it): for its ``accelerators``, or for every accelerator (``accelerators=[]``,
+        a cross-cutting plugin).
 
         :raises PluginError: its hooks do not fit accel's specs, or it does an action
             hook that another plugin already does for one of the same accelerators.
         """
         with self._lock:
-            self._add_plugin(plugin, name, provider, accelerators)
-
-    def _add_plugin(
-        self, plugin: object, name: str, provider: str, accelerators: list[str]
-    ) -> None:
-        try:
-            self._manager.register(plugin, name=name)
-        except (ValueError, pluggy.PluginValidationError) as exc:
-            detail = " ".join(str(exc).split())
-            raise PluginError(
-                f"plugin {name!r} from {provider} does not match accel's hooks: {detail}. "
-                f"Hook names and arguments are listed in accel.hookspecs."
-            ) from exc
-        try:
-            check_hook_names(plugin, name, provider, self._manager)
-            if accelerators:
-                self._owners[plugin] = tuple(accelerators)
-            self._providers[name] = provider
-            self._check_actions(plugin, name, provider)
-        except BaseException:
-            self._manager.unregister(plugin)
-            self._owners.pop(plugin, None)
-            self._providers.pop(name, None)
-            raise
-        self._blame(plugin)
-        for accelerator in accelerators:
-            self._hooks[accelerator] = AcceleratorHooks(
-                accelerator,
-                self._manager,
-                self._providers,
-                partial(self._foreign, accelerator),
-                self._lock,
-            )
-        self._forget()
+            taken = self._manager.get_plugin(label) is not None
+            name = f"{label}-{id(plugin):x}" if taken else label
+            try:
+                self._manager.register(plugin, name=name)
+            except (ValueError, pluggy.PluginValidationError) as exc:
+                detail = " ".join(str(exc).split())
+                raise PluginError(
+                    f"plugin {name!r} from {provider} does not match accel's hooks: {detail}. "
+                    f"Hook names and arguments are listed in accel.hookspecs."
+                ) from exc
+            try:
+                check_hook_names(plugin, name, provider, self._manager)
+                if accelerators:
+                    self._owners[plugin] = tuple(accelerators)
+                self._providers[name] = provider
+                self._check_actions(plugin, name, provider)
+            except BaseException:
+                self._manager.unregister(plugin)
+                self._owners.pop(plugin, None)
+                self._providers.pop(name, None)
+                raise
+            self._blame(plugin)
+            for accelerator in accelerators:
+                self._hooks[accelerator] = AcceleratorHooks(
+                    accelerator,
+                    self._manager,
+                    self._providers,
+                    partial(self._foreign, accelerator),
+                    self._lock,
+                )
+            self._forget()
 
     def remove_plugin(self, plugin: object, accelerators: list[str]) -> None:
         """Unregister ``plugin``; retire its accelerators' hooks."""
