@@ -18,14 +18,13 @@ returns names the groups that came apart and the groups that appeared.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from torch import nn
 
-from accel._util.walk import each_module
-from accel.tying._capture import Path, SlotContents, qualified_name
+from accel.tying._capture import Path, SlotContents, modules_with_paths, qualified_name
 
 if TYPE_CHECKING:
     import torch
@@ -88,30 +87,13 @@ def find_tied_parameters(model: nn.Module, *, buffers: bool = True) -> list[Tied
 _Slot = tuple["nn.Module", str, SlotKind, Path]
 # What the scan reads of one module: (module, its path, its parameter and buffer slots).
 _Entry = tuple[
-    "nn.Module", Path, "dict[str, torch.Tensor | None]", "dict[str, torch.Tensor | None]"
+    "nn.Module", Path, "Mapping[str, torch.Tensor | None]", "Mapping[str, torch.Tensor | None]"
 ]
 
 
 def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
-    """One pass over the model (an explicit stack, in the order and under the names of
-    ``named_modules()``): its tied groups and its unique parameter count."""
-    entries: list[_Entry] = []
-    visited: set[int] = set()
-    stack: list[tuple[nn.Module, Path]] = [(model, None)]
-    pop, push = stack.pop, stack.append
-    while stack:
-        module, path = pop()
-        if id(module) in visited:
-            continue  # registered twice: keep the first path, as named_modules() does
-        visited.add(id(module))
-        registries = module.__dict__  # once: nn.Module class hierarchies are deep
-        entries.append((module, path, registries["_parameters"], registries["_buffers"]))
-        children = registries["_modules"]
-        if children:
-            # Reversed, so the first child is popped first: pre-order, like the recursion.
-            for name, child in reversed(children.items()):
-                if child is not None:
-                    push((child, (path, name)))
+    """One pass over the model's live slots: its tied groups and its unique parameter count."""
+    entries = [(m, path, m._parameters, m._buffers) for m, path in modules_with_paths(model)]
     return _scan_entries(entries, buffers)
 
 
@@ -126,49 +108,35 @@ def _scan_entries(entries: Iterable[_Entry], buffers: bool) -> tuple[list[TiedGr
     # which their tensors were first seen; most tensors never need a list.
     slots_by_tensor: dict[int, _Slot | list[_Slot]] = {}
     remember = slots_by_tensor.setdefault
-    tied = False
-    parameter_count = 0
-    # Parameters first seen in a buffer slot: rare, but they still count once.
-    counted_late: set[int] = set()
     for module, path, parameters, module_buffers in entries:
-        if parameters:
-            for name, tensor in parameters.items():
-                if tensor is not None:
-                    slot: _Slot = (module, name, "parameter", path)
-                    seen = remember(id(tensor), slot)
-                    if seen is slot:
-                        parameter_count += 1
-                    elif type(seen) is list:
-                        seen.append(slot)
-                        if seen[0][2] == "buffer" and id(tensor) not in counted_late:
-                            counted_late.add(id(tensor))
-                            parameter_count += 1
-                    else:
-                        if seen[2] == "buffer":
-                            counted_late.add(id(tensor))
-                            parameter_count += 1
-                        slots_by_tensor[id(tensor)] = [seen, slot]  # type: ignore[list-item]
-                        tied = True
-        if buffers and module_buffers:
-            for name, buffer in module_buffers.items():
-                if buffer is not None:
-                    slot = (module, name, "buffer", path)
-                    seen = remember(id(buffer), slot)
-                    if seen is not slot:
-                        if type(seen) is list:
-                            seen.append(slot)
-                        else:
-                            slots_by_tensor[id(buffer)] = [seen, slot]  # type: ignore[list-item]
-                            tied = True
-    groups = [
-        TiedGroup(
-            "parameter" if any(slot[2] == "parameter" for slot in slots) else "buffer",
-            tuple(qualified_name(path, name) for _, name, _, path in slots),
-            tuple((module, name, kind) for module, name, kind, _ in slots),
+        registries: tuple[tuple[SlotKind, Mapping[str, torch.Tensor | None]], ...] = (
+            ("parameter", parameters),
+            ("buffer", module_buffers if buffers else {}),
         )
-        for slots in (slots_by_tensor.values() if tied else ())
-        if type(slots) is list
-    ]
+        for kind, registry in registries:
+            for name, tensor in registry.items():
+                if tensor is not None:
+                    slot: _Slot = (module, name, kind, path)
+                    seen = remember(id(tensor), slot)
+                    if isinstance(seen, list):
+                        seen.append(slot)
+                    elif seen is not slot:
+                        slots_by_tensor[id(tensor)] = [seen, slot]
+    groups = []
+    parameter_count = 0  # tensors in at least one parameter slot
+    for found in slots_by_tensor.values():
+        if not isinstance(found, list):
+            parameter_count += found[2] == "parameter"
+            continue
+        is_parameter = any(slot[2] == "parameter" for slot in found)
+        parameter_count += is_parameter
+        groups.append(
+            TiedGroup(
+                "parameter" if is_parameter else "buffer",
+                tuple(qualified_name(path, name) for _, name, _, path in found),
+                tuple((module, name, kind) for module, name, kind, _ in found),
+            )
+        )
     groups.sort(key=lambda group: group.kind != "parameter")
     return groups, parameter_count
 
@@ -201,14 +169,7 @@ def empty_duplicate_slots(groups: list[TiedGroup]) -> None:
 
 def count_unique_parameters(model: nn.Module) -> int:
     """The number of distinct Parameter objects in ``model`` (its "layer count")."""
-    return len(
-        {
-            id(parameter)
-            for module in each_module(model)
-            for parameter in module._parameters.values()
-            if parameter is not None
-        }
-    )
+    return _scan(model, buffers=False)[1]
 
 
 @dataclass(frozen=True)
@@ -320,15 +281,13 @@ class TyingSnapshot:
             return replace(report, kept_as_before=report.ok)
         after_retie = SlotContents(model)
         tie_weights()
-        report = self.check(model)
+        report = replace(self.check(model), tie_weights_called=True)
         if report.ok:
-            return replace(report, tie_weights_called=True, kept_as_before=True)
+            return replace(report, kept_as_before=True)
         undone = after_retie.restore()
         # Checked again, not assumed: tie_weights() may have done what slots cannot undo.
         kept = undone and self.check(model).ok
-        return replace(
-            report, tie_weights_called=True, tie_weights_undone=undone, kept_as_before=kept
-        )
+        return replace(report, tie_weights_undone=undone, kept_as_before=kept)
 
 
 def format_tie_failure(report: TieReport, device: object, *, raised: bool = True) -> str:
@@ -344,12 +303,16 @@ def format_tie_failure(report: TieReport, device: object, *, raised: bool = True
         f"{what} moving the model to {device}. "
         f"Layer count: [Before: {report.count_before} After: {report.count_after}]"
     ]
-    if report.broken:
-        lines.append("Groups no longer tied (each was one tensor before the move):")
-        lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in report.broken)
-    if report.appeared:
-        lines.append("Groups newly tied (separate tensors before the move, one tensor after it):")
-        lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in report.appeared)
+    for heading, groups in (
+        ("Groups no longer tied (each was one tensor before the move):", report.broken),
+        (
+            "Groups newly tied (separate tensors before the move, one tensor after it):",
+            report.appeared,
+        ),
+    ):
+        if groups:
+            lines.append(heading)
+            lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in groups)
     if not report.broken and not report.appeared:
         lines.append(
             "Every remembered group is tied and no new tie appeared, but the model now has a "

@@ -16,18 +16,19 @@ writes in place without bumping the counter stays invisible.)
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Final
 
 import torch
+from torch import nn
 
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
-__all__ = ["Path", "RestorePoint", "SlotContents", "qualified_name"]
+__all__ = [
+    "Path",
+    "RestorePoint",
+    "SlotContents",
+    "counterparts",
+    "modules_with_paths",
+    "qualified_name",
+]
 
 
 #: A module's qualified path as a linked list, ``(parent path, attribute)``; ``None`` is
@@ -35,11 +36,19 @@ __all__ = ["Path", "RestorePoint", "SlotContents", "qualified_name"]
 Path = tuple["Path", str] | None
 
 _Slots = tuple[
-    "nn.Module",
-    dict[str, "torch.Tensor | None"],
-    dict[str, "torch.Tensor | None"],
-    dict[str, "nn.Module | None"],
+    nn.Module,
+    dict[str, torch.Tensor | None],
+    dict[str, torch.Tensor | None],
+    dict[str, nn.Module | None],
 ]
+
+#: What a restore puts back of one Parameter: the Parameter, a ``detach()`` of it,
+#: its ``requires_grad``, its gradient and a ``detach()`` of the gradient.
+_ParameterState = tuple[nn.Parameter, torch.Tensor, bool, torch.Tensor | None, torch.Tensor | None]
+
+# Tensor types that are no wrapper subclass: their data pointer and version counter
+# are their own.
+_PLAIN: Final = (torch.Tensor, nn.Parameter)
 
 
 def qualified_name(path: Path, name: str) -> str:
@@ -51,9 +60,29 @@ def qualified_name(path: Path, name: str) -> str:
     return ".".join(reversed(parts))
 
 
+def modules_with_paths(model: nn.Module) -> list[tuple[nn.Module, Path]]:
+    """Every module of ``model`` with its path, in the order and under the names of
+    ``named_modules()`` (a module registered twice once, under its first path)."""
+    found: list[tuple[nn.Module, Path]] = []
+    visited: set[int] = set()
+    stack: list[tuple[nn.Module, Path]] = [(model, None)]
+    while stack:
+        module, path = stack.pop()
+        if id(module) in visited:
+            continue
+        visited.add(id(module))
+        found.append((module, path))
+        # Reversed, so the first child is popped first: the order of named_modules().
+        # The instance dict: attribute lookups through a deep class hierarchy cost more.
+        for name, child in reversed(module.__dict__["_modules"].items()):
+            if child is not None:
+                stack.append((child, (path, name)))
+    return found
+
+
 class SlotContents:
     """Every module's parameter, buffer and submodule slots at one moment, with each
-    module's path (pre-order, a module registered twice once, under its first path).
+    module's path (see :func:`modules_with_paths`).
 
     Holds references, never copies of tensors: :meth:`restore` puts the very same
     objects back, so whatever was in a slot keeps its values.
@@ -62,33 +91,12 @@ class SlotContents:
     __slots__ = ("_paths", "_saved")
 
     def __init__(self, model: nn.Module) -> None:
-        saved: list[_Slots] = []
-        paths: list[Path] = []
-        visited: set[int] = set()
-        stack: list[tuple[nn.Module, Path]] = [(model, None)]
-        while stack:
-            module, path = stack.pop()
-            if id(module) in visited:
-                continue
-            visited.add(id(module))
-            # The instance dict once: three lookups through a deep class hierarchy cost more.
-            registries = module.__dict__
-            children = registries["_modules"]
-            saved.append(
-                (
-                    module,
-                    dict(registries["_parameters"]),
-                    dict(registries["_buffers"]),
-                    dict(children),
-                )
-            )
-            paths.append(path)
-            # Reversed, so the first child is popped first: the order of named_modules().
-            for name, child in reversed(children.items()):
-                if child is not None:
-                    stack.append((child, (path, name)))
-        self._saved = saved
-        self._paths = paths
+        walked = modules_with_paths(model)
+        self._saved: list[_Slots] = [
+            (module, dict(module._parameters), dict(module._buffers), dict(module._modules))
+            for module, _ in walked
+        ]
+        self._paths = [path for _, path in walked]
 
     def modules(self) -> list[_Slots]:
         """``(module, parameters, buffers, submodules)`` of each module, as captured."""
@@ -120,108 +128,59 @@ class SlotContents:
         return changed
 
 
-@dataclass(frozen=True)
-class _ParameterState:
-    parameter: nn.Parameter
-    data: torch.Tensor
-    requires_grad: bool
-    grad: torch.Tensor | None
-    grad_data: torch.Tensor | None
-
-
-class _VersionWatch:
-    """In-place edits of a model's tensors, read from their version counters.
-
-    Plain lists, not an object per tensor: it runs on every move. A swap (torch's
-    swap mode, and always for wrapper subclasses) gives the tensor object another
-    implementation with a counter of its own, so for those the original counter is
-    read through a ``detach()`` taken before the move, which shares it: every
-    Parameter's and gradient's (the restore point takes one anyway), since a plugin
-    may turn swap mode on inside its own hook, and other tensors' where swap mode is
-    on when the move begins or the tensor is a wrapper subclass. After an
-    in-place move (``param.data = moved``, CPU <-> CUDA) the counter is shared with
-    the moved data too, so edits after the move are told apart by :meth:`mark_moved`.
-    """
-
-    __slots__ = ("_aliases", "_moved", "_pointers", "_tensors", "_versions", "_versions_at_move")
-
-    def __init__(
-        self, tensors: list[torch.Tensor], aliases: list[torch.Tensor | None] | None = None
-    ) -> None:
-        """:param aliases: a ``detach()`` of each tensor taken already (sharing its
-        counter), or ``None`` where there is none; the others get one as needed."""
-        swapping = torch.__future__.get_swap_module_params_on_conversion()
-        plain = _plain_types()
-        self._tensors = tensors
-        # A plain tensor is its own alias: its counter stays its own across moves.
-        self._aliases = [
-            alias if alias is not None else (t.detach() if swapping or type(t) not in plain else t)
-            for t, alias in zip(tensors, aliases or [None] * len(tensors), strict=True)
-        ]
-        self._versions = [alias._version for alias in self._aliases]
-        self._pointers = [_pointer(t, plain) for t in tensors]
-        self._moved: list[bool] | None = None
-        self._versions_at_move: list[int] = []
-
-    def mark_moved(self) -> None:
-        """Note which tensors the move gave other storage, and their counters then."""
-
-        plain = _plain_types()
-        # A data pointer tells (cheaply) where there is one; XLA, meta and wrapper
-        # tensors have none (0), and their alias tells.
-        self._moved = [
-            _pointer(t, plain) != pointer
-            if pointer or alias is t
-            else not torch._C._is_alias_of(t, alias)  # type: ignore[attr-defined]
-            for t, alias, pointer in zip(self._tensors, self._aliases, self._pointers, strict=True)
-        ]
-        self._versions_at_move = [alias._version for alias in self._aliases]
-
-    def changed(self) -> list[torch.Tensor]:
-        """The tensors whose values, as the restore puts them back, were changed in place.
-
-        Conservative where it cannot tell: a move that failed half-way through an
-        in-place move counts every edit of the shared counter, and so does an
-        in-place move between two XLA (or ``meta``) devices, whose data pointers are 0.
-        """
-        moved = self._moved or [False] * len(self._tensors)
-        return [
-            tensor
-            for tensor, alias, version, was_moved, at_move in zip(
-                self._tensors,
-                self._aliases,
-                self._versions,
-                moved,
-                self._versions_at_move or self._versions,
-                strict=True,
-            )
-            # Moved in place: later edits hit the moved data, which the restore drops.
-            if (at_move if was_moved else alias._version) != version
-        ]
-
-
-def _pointer(tensor: torch.Tensor, plain: tuple[type, ...]) -> int:
-    # Wrapper subclasses may have no storage to point at; they are compared by alias.
-    return tensor.data_ptr() if type(tensor) in plain else 0
-
-
-@functools.cache
-def _plain_types() -> tuple[type, ...]:
-    return (torch.Tensor, torch.nn.Parameter)
+def counterparts(before: SlotContents, replacement: nn.Module) -> dict[int, nn.Module]:
+    """Map ``id`` of each module in ``before`` to its module in ``replacement``, a module
+    that replaced the captured model (a copy, or a wrapper around its modules): itself
+    where ``replacement`` holds it, else the module under its qualified name. A module
+    found in neither way is left out."""
+    by_name = dict(replacement.named_modules())
+    held = {id(module) for module in by_name.values()}
+    found: dict[int, nn.Module] = {}
+    for (module, _, _, _), path in zip(before.modules(), before.paths(), strict=True):
+        if id(module) in held:
+            found[id(module)] = module
+        elif (now := by_name.get("" if path is None else qualified_name(*path))) is not None:
+            found[id(module)] = now
+    return found
 
 
 class RestorePoint:
-    """What a model looked like before a move; :meth:`restore` puts it back."""
+    """What a model looked like before a move; :meth:`restore` puts it back.
 
-    __slots__ = ("_model", "_parameters", "_samples", "_slots", "_training", "_watches")
+    In-place edits are read from version counters (plain lists, not an object per
+    tensor: it runs on every move). A swap (torch's swap mode, and always for wrapper
+    subclasses) gives the tensor object another implementation with a counter of its
+    own, so the original counter is read through a ``detach()`` taken before the move,
+    which shares it: every Parameter's and gradient's, since a plugin may turn swap
+    mode on inside its own hook, and a buffer's where swap mode is on when the move
+    begins or the buffer is a wrapper subclass. After an in-place move
+    (``param.data = moved``, CPU <-> CUDA) the counter is shared with the moved data
+    too, so edits after the move are told apart by :meth:`mark_moved`.
+    """
+
+    __slots__ = (
+        "_aliases",
+        "_model",
+        "_moved",
+        "_parameters",
+        "_pointers",
+        "_samples",
+        "_slots",
+        "_tensors",
+        "_training",
+        "_versions",
+        "_versions_at_move",
+    )
 
     def __init__(self, model: nn.Module) -> None:
         self._model = model
         #: The move's one capture of the model's slots: the undo and the tie groups.
         self._slots = SlotContents(model)
         self._training = [(module, module.training) for module, _, _, _ in self._slots.modules()]
+        swapping = torch.__future__.get_swap_module_params_on_conversion()
         states: dict[int, _ParameterState] = {}
-        buffers: dict[int, torch.Tensor] = {}
+        # id(tensor) -> (the tensor, an alias sharing its version counter)
+        watched: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         samples: dict[str, torch.Tensor] = {}
         for _, module_parameters, module_buffers, _ in self._slots.modules():
             for parameter in module_parameters.values():
@@ -229,37 +188,40 @@ class RestorePoint:
                     continue
                 samples.setdefault(parameter.device.type, parameter)
                 grad = parameter.grad  # read once: a property, not free on a Parameter
-                states[id(parameter)] = _ParameterState(
-                    parameter,  # type: ignore[arg-type]
-                    # A new alias of the same storage (a reference, not a copy) sharing
-                    # the version counter: a move that swaps the Parameter's contents
-                    # (torch's swap mode, even turned on inside a hook) leaves it the
-                    # original's, so the watch reads edits of the values put back.
-                    parameter.detach(),
+                # A new alias of the same storage (a reference, not a copy) sharing the
+                # version counter: a move that swaps the Parameter's contents (torch's
+                # swap mode, even turned on inside a hook) leaves it the original's.
+                data, grad_data = parameter.detach(), None if grad is None else grad.detach()
+                states[id(parameter)] = (
+                    parameter,  # type: ignore[assignment]
+                    data,
                     parameter.requires_grad,
                     grad,
-                    None if grad is None else grad.detach(),
+                    grad_data,
                 )
+                watched[id(parameter)] = (parameter, data)
+                if grad is not None and grad_data is not None:
+                    watched[id(grad)] = (grad, grad_data)
             for buffer in module_buffers.values():
-                if buffer is not None and id(buffer) not in buffers:
-                    buffers[id(buffer)] = buffer
+                if buffer is not None and id(buffer) not in watched:
                     samples.setdefault(buffer.device.type, buffer)
+                    # A plain tensor is its own alias: its counter stays its own across moves.
+                    plain = not swapping and type(buffer) in _PLAIN
+                    watched[id(buffer)] = (buffer, buffer if plain else buffer.detach())
         self._parameters = list(states.values())
         self._samples = samples
-        watched: list[tuple[torch.Tensor, torch.Tensor | None]] = [
-            (state.parameter, state.data) for state in self._parameters
-        ]
-        watched += [
-            (state.grad, state.grad_data) for state in self._parameters if state.grad is not None
-        ]
-        watched += [(buffer, None) for key, buffer in buffers.items() if key not in states]
         # Inference tensors have no version counter (nor can they change outside it).
-        kept = [(t, alias) for t, alias in watched if not t.is_inference()]
-        self._watches = _VersionWatch([t for t, _ in kept], [alias for _, alias in kept])
+        kept = [pair for pair in watched.values() if not pair[0].is_inference()]
+        self._tensors = [tensor for tensor, _ in kept]
+        self._aliases = [alias for _, alias in kept]
+        self._versions = [alias._version for alias in self._aliases]
+        self._pointers = [_pointer(tensor) for tensor in self._tensors]
+        self._moved = [False] * len(kept)
+        self._versions_at_move = self._versions
 
     def parameter_ids(self) -> set[int]:
         """``id`` of every distinct Parameter of the model when it was captured."""
-        return {id(state.parameter) for state in self._parameters}
+        return {id(state[0]) for state in self._parameters}
 
     def slots(self) -> SlotContents:
         """Every module's slots as captured (the tie groups derive from them)."""
@@ -271,27 +233,12 @@ class RestorePoint:
 
     def moved_parameters(self, moved: nn.Module) -> dict[int, nn.Parameter]:
         """Map ``id(parameter before the move)`` to the Parameter now in its slot of
-        ``moved`` (the model, or the module that replaced it: its modules matched by
-        identity where it holds them, else by qualified name); a tie maps to one."""
-        captured = self._slots.modules()
-        now: list[nn.Module | None]
-        if moved is self._model:
-            now = [module for module, _, _, _ in captured]
-        else:
-            replacement = SlotContents(moved)
-            held = {id(module) for module, _, _, _ in replacement.modules()}
-            by_path = {
-                qualified_name(path, ""): module
-                for (module, _, _, _), path in zip(
-                    replacement.modules(), replacement.paths(), strict=True
-                )
-            }
-            now = [
-                module if id(module) in held else by_path.get(qualified_name(path, ""))
-                for (module, _, _, _), path in zip(captured, self._slots.paths(), strict=True)
-            ]
+        ``moved`` (the model, or the module that replaced it: see :func:`counterparts`);
+        a tie maps to one."""
+        found = None if moved is self._model else counterparts(self._slots, moved)
         moved_map: dict[int, nn.Parameter] = {}
-        for (_, parameters, _, _), module_now in zip(captured, now, strict=True):
+        for module, parameters, _, _ in self._slots.modules():
+            module_now = module if found is None else found.get(id(module))
             if module_now is None:
                 continue
             for name, before in parameters.items():
@@ -302,32 +249,62 @@ class RestorePoint:
 
     def mark_moved(self) -> None:
         """Call once the move itself is done: in-place edits after this point touch
-        the moved tensors, not the values a restore puts back."""
-        self._watches.mark_moved()
+        the moved tensors, not the values a restore puts back. Notes which tensors
+        the move gave other storage, and their counters then."""
+        # A data pointer tells (cheaply) where there is one; XLA, meta and wrapper
+        # tensors have none (0), and their alias tells.
+        self._moved = [
+            _pointer(tensor) != pointer
+            if pointer or alias is tensor
+            else not torch._C._is_alias_of(tensor, alias)  # type: ignore[attr-defined]
+            for tensor, alias, pointer in zip(
+                self._tensors, self._aliases, self._pointers, strict=True
+            )
+        ]
+        self._versions_at_move = [alias._version for alias in self._aliases]
 
     def restore(self) -> list[str]:
         """Put every slot, parameter storage, gradient and training flag back as
         captured; return the qualified names of the tensors whose values were
         changed in place since, which a restore cannot put back (empty if none).
-        """
 
-        changed = {id(tensor) for tensor in self._watches.changed()}
+        Conservative where it cannot tell: a move that failed half-way through an
+        in-place move counts every edit of the shared counter, and so does an
+        in-place move between two XLA (or ``meta``) devices, whose data pointers are 0.
+        """
+        changed = {
+            id(tensor)
+            for tensor, alias, version, was_moved, at_move in zip(
+                self._tensors,
+                self._aliases,
+                self._versions,
+                self._moved,
+                self._versions_at_move,
+                strict=True,
+            )
+            # Moved in place: later edits hit the moved data, which the restore drops.
+            if (at_move if was_moved else alias._version) != version
+        }
         if changed:
             _add_running_statistics(self._slots, changed)
         for module, training in self._training:
             module.training = training  # the flag only: train()/eval() may be overridden
         self._slots.restore()
         with torch.no_grad():
-            for state in self._parameters:
-                parameter = state.parameter
+            for parameter, data, requires_grad, grad, grad_data in self._parameters:
                 # Holding the gradient would block swap_tensors (it checks use counts).
                 parameter.grad = None
-                _put_back(parameter, state.data, functools.partial(_as_parameter, state=state))
-                if state.grad is not None and state.grad_data is not None:
-                    _put_back(state.grad, state.grad_data, _as_plain_tensor)
-                parameter.grad = state.grad
-                parameter.requires_grad_(state.requires_grad)
+                _put_back(parameter, data, requires_grad)
+                if grad is not None and grad_data is not None:
+                    _put_back(grad, grad_data, None)
+                parameter.grad = grad
+                parameter.requires_grad_(requires_grad)
         return _names_of(self._model, changed) if changed else []
+
+
+def _pointer(tensor: torch.Tensor) -> int:
+    # Wrapper subclasses may have no storage to point at; they are compared by alias.
+    return tensor.data_ptr() if type(tensor) in _PLAIN else 0
 
 
 def _add_running_statistics(slots: SlotContents, changed: set[int]) -> None:
@@ -360,38 +337,27 @@ def _names_of(model: nn.Module, tensor_ids: set[int]) -> list[str]:
     return list(names.values())
 
 
-def _put_back(
-    tensor: torch.Tensor, data: torch.Tensor, rebuild: Callable[[torch.Tensor], torch.Tensor]
-) -> None:
+def _put_back(tensor: torch.Tensor, data: torch.Tensor, requires_grad: bool | None) -> None:
     """Make ``tensor`` (the same Python object) hold ``data`` again.
 
     A move either set ``tensor.data`` in place (CPU <-> CUDA) or, in torch's swap
     mode and for wrapper subclasses, swapped the tensor's whole implementation;
     undo whichever happened. Objects the move replaced are untouched and need
     nothing here.
-    """
 
-    if _same_storage(tensor.data, data):
+    :param requires_grad: a Parameter's, to rebuild it; ``None`` for a gradient.
+    """
+    now = tensor.data
+    # data_ptr() alone is not enough: it is 0 for every XLA and meta tensor.
+    if (
+        now.device == data.device
+        and now.dtype == data.dtype
+        and now.data_ptr() == data.data_ptr()
+        and torch._C._is_alias_of(now, data)  # type: ignore[attr-defined]  # not in torch stubs
+    ):
         return
     if torch._has_compatible_shallow_copy_type(tensor, data):
         tensor.data = data
     else:
-        torch.utils.swap_tensors(tensor, rebuild(data))  # type: ignore[no-untyped-call]
-
-
-def _as_parameter(data: torch.Tensor, state: _ParameterState) -> torch.Tensor:
-    return torch.nn.Parameter(data, requires_grad=state.requires_grad)
-
-
-def _as_plain_tensor(data: torch.Tensor) -> torch.Tensor:
-    return data.detach()
-
-
-def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    # data_ptr() alone is not enough: it is 0 for every XLA and meta tensor.
-    return (
-        a.device == b.device
-        and a.dtype == b.dtype
-        and a.data_ptr() == b.data_ptr()
-        and torch._C._is_alias_of(a, b)  # type: ignore[attr-defined]  # not in torch stubs
-    )
+        rebuilt = data.detach() if requires_grad is None else nn.Parameter(data, requires_grad)
+        torch.utils.swap_tensors(tensor, rebuilt)  # type: ignore[no-untyped-call]

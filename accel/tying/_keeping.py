@@ -1,15 +1,15 @@
 """Tie keeping: the work around a move that unties, written once for every device.
 
 The move transaction (:mod:`accel._core.moving`) runs it on every move that torch's
-rule says unties (:mod:`accel._core.untying`): to or from XLA, ``meta`` or any
-PrivateUse1 backend. The tying logic itself is :mod:`accel.tying` (no plugin
-machinery); this module adds what a move needs around it: hollowing out the
-duplicate slots, finishing the ties on the module the move returned, and the
-outcome by ``tie_check``.
+rule says unties: to or from XLA, ``meta`` or any PrivateUse1 backend. The tying
+logic itself is :mod:`accel.tying` (no plugin machinery); this module adds what a
+move needs around it: hollowing out the duplicate slots, finishing the ties on the
+module the move returned, and the outcome by ``tie_check``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -18,8 +18,14 @@ from torch import nn
 
 from accel._util.warn import warn_at_caller
 from accel.errors import TyingWarning, WeightTyingError
-from accel.tying import TieReport, TyingSnapshot, empty_duplicate_slots, format_tie_failure
-from accel.tying._capture import SlotContents, qualified_name
+from accel.tying import (
+    TieReport,
+    TyingSnapshot,
+    _slot_dict,
+    empty_duplicate_slots,
+    format_tie_failure,
+)
+from accel.tying._capture import SlotContents, counterparts
 
 if TYPE_CHECKING:
     from accel.types import MoveContext, TieCheck
@@ -58,13 +64,13 @@ class KeptMove:
     ) -> None:
         """After the move: re-tie ``moved`` (``model`` itself, or the module a plugin
         returned in its place), run its ``tie_weights()``, keep the ties of before, and
-        report by ``context.tie_check`` (see :func:`outcome`). A :class:`TyingWarning`
-        points at the user's line, however deep the call.
+        report by ``context.tie_check`` (see :func:`outcome`).
         """
         snapshot = self._snapshot
         if moved is not model:
-            snapshot = _rebased(snapshot, moved)
-            self._refill_left_behind(moved)
+            found = counterparts(self._before, moved)
+            snapshot = _rebased(snapshot, found)
+            self._refill_left_behind(found)
         self._kept = snapshot
         report = snapshot.finish_move(moved)
         what = outcome(report, context.tie_check)
@@ -73,85 +79,69 @@ class KeptMove:
             # plugin's move tying slots re-tying cannot separate), and with their values.
             kept = _separate_appeared(moved, snapshot, self._before)
             report = replace(report, kept_as_before=kept)
-        if what == "ok":
-            return
-        if what == "warn":
-            message = _blaming(format_tie_failure(report, device, raised=False), report, context)
-            warn_at_caller(message, TyingWarning)
-            return
-        raise WeightTyingError(
-            _blaming(format_tie_failure(report, device), report, context),
-            count_before=report.count_before,
-            count_after=report.count_after,
-            broken_groups=[group.names for group in report.broken],
-            appeared_groups=[group.names for group in report.appeared],
-        )
+        _tell(what, report, device, lambda message: _blaming(message, report, context))
 
     def still_held(self, moved: nn.Module, device: torch.device, context: MoveContext) -> None:
         """After every ``post_move_hook``: the ties kept are still the model's. A hook
         that broke or made one is reported by ``context.tie_check`` like the move."""
         report = self._kept.check(moved)
-        if report.ok or context.tie_check == "off":
-            return
         hooks_note = "A post_move_hook changed the ties after accel had kept them."
-        if context.tie_check == "warn":
-            warn_at_caller(
-                f"{format_tie_failure(report, device, raised=False)}\n{hooks_note}", TyingWarning
-            )
-            return
-        raise WeightTyingError(
-            f"{format_tie_failure(report, device)}\n{hooks_note}",
-            count_before=report.count_before,
-            count_after=report.count_after,
-            broken_groups=[group.names for group in report.broken],
-            appeared_groups=[group.names for group in report.appeared],
-        )
+        _tell(outcome(report, context.tie_check), report, device, lambda m: f"{m}\n{hooks_note}")
 
-    def _refill_left_behind(self, moved: nn.Module) -> None:
+    def _refill_left_behind(self, found: dict[int, nn.Module]) -> None:
         """Give the slots hollowed out for the move back their tensors, in the modules
-        of the captured model that ``moved`` (its replacement) does not hold: the model
-        the caller passed stays as it was."""
-        held = {id(module) for module in moved.modules()}
-        before = {
-            id(module): (parameters, buffers)
-            for module, parameters, buffers, _ in self._before.modules()
-        }
+        of the captured model that its replacement does not hold (``found``: see
+        :func:`counterparts`): the model the caller passed stays as it was."""
+        saved = {id(module): (p, b) for module, p, b, _ in self._before.modules()}
         for group in self._snapshot.groups:
             for module, name, kind in group.slots:
-                if id(module) not in held:
-                    parameters, buffers = before[id(module)]
-                    saved = parameters if kind == "parameter" else buffers
-                    live = module._parameters if kind == "parameter" else module._buffers
-                    live[name] = saved[name]  # type: ignore[assignment]
+                if found.get(id(module)) is not module:
+                    parameters, buffers = saved[id(module)]
+                    _slot_dict(module, kind)[name] = (
+                        parameters if kind == "parameter" else buffers
+                    )[name]
 
 
-def _rebased(snapshot: TyingSnapshot, model: nn.Module) -> TyingSnapshot:
-    """``snapshot``'s groups pointing at the slots of ``model``, a module that
-    replaced the captured one (a copy, or a wrapper around its modules).
+def _tell(
+    what: Literal["ok", "warn", "error"],
+    report: TieReport,
+    device: torch.device,
+    add: Callable[[str], str],
+) -> None:
+    """Warn or raise as ``what`` says, with :func:`format_tie_failure`'s text put
+    through ``add``. A :class:`TyingWarning` points at the user's line, however deep
+    the call."""
+    if what == "ok":
+        return
+    message = add(format_tie_failure(report, device, raised=what == "error"))
+    if what == "warn":
+        warn_at_caller(message, TyingWarning)
+        return
+    raise WeightTyingError(
+        message,
+        count_before=report.count_before,
+        count_after=report.count_after,
+        broken_groups=[group.names for group in report.broken],
+        appeared_groups=[group.names for group in report.appeared],
+    )
 
-    A slot's module that ``model`` holds itself stays; another is looked up by its
-    qualified name in ``model``. A slot found in neither way holds nothing, so its
-    group reports broken.
-    """
-    now = SlotContents(model)
-    held = {id(module) for module, _, _, _ in now.modules()}
-    by_path = {
-        qualified_name(path, "")[:-1]: module
-        for (module, _, _, _), path in zip(now.modules(), now.paths(), strict=True)
-    }
+
+def _rebased(snapshot: TyingSnapshot, found: dict[int, nn.Module]) -> TyingSnapshot:
+    """``snapshot``'s groups pointing at the slots of the module that replaced the
+    captured one (``found``: see :func:`counterparts`). A slot whose module has no
+    counterpart holds nothing, so its group reports broken."""
     missing = nn.Module()  # stands for a module the replacement lacks
     # Slots that stay empty whatever re-tying puts in them: such a group stays broken.
     missing.__dict__["_parameters"] = _AlwaysEmpty()
     missing.__dict__["_buffers"] = _AlwaysEmpty()
-    groups = []
-    for group in snapshot.groups:
-        slots = []
-        for (module, name, kind), qualified in zip(group.slots, group.names, strict=True):
-            if id(module) not in held:
-                module = by_path.get(qualified.rpartition(".")[0], missing)
-            slots.append((module, name, kind))
-        groups.append(replace(group, slots=tuple(slots)))
-    return replace(snapshot, groups=tuple(groups))
+    groups = tuple(
+        replace(
+            group,
+            slots=tuple((found.get(id(m), missing), name, kind) for m, name, kind in group.slots),
+        )
+        for group in snapshot.groups
+    )
+    return replace(snapshot, groups=groups)
 
 
 class _AlwaysEmpty(dict[str, "torch.Tensor | None"]):
