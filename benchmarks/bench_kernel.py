@@ -7,7 +7,9 @@
 * ``acc.model_to_device(model)`` of a 50-layer MLP already on the CPU against
   ``model.to(device)``: the model moves nowhere, so the difference is accel's whole
   fixed cost per move (the worst case for it);
-* ``acc.mark_step()``, a no-op on the CPU, in µs.
+* ``acc.mark_step()``, a no-op on the CPU, in µs, beside a call of a pluggy hook
+  with one no-op implementation (``PluginManager.hook.NAME()``): the floor of any
+  call through pluggy's call loop, which issue 38 asks every hook call to take.
 
 Each round is a fresh interpreter (nothing warmed by an earlier round), the candidates'
 order rotated from round to round; inside a round each candidate is the best of
@@ -28,13 +30,17 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-#: (the case, accel's candidate, the hand-written one or None, goal on the ratio or on µs)
-CASES: list[tuple[str, str, str | None, float]] = [
+#: (the case, accel's candidate, the one by hand, the goal: on the ratio, or on accel's
+#: time in seconds when ``ABSOLUTE``)
+CASES: list[tuple[str, str, str, float]] = [
     ("optimizer step (SGD, 1,089 weights)", "acc.optimizer_step", "optimizer.step()", 1.07),
     ("batch: a dict of 8 tensors", "acc.batch_to_device", "dict of .to()", 2.0),
     ("model: a 50-layer MLP, CPU -> CPU", "acc.model_to_device", "model.to(device)", 1.2),
-    ("mark_step (CPU: nothing to do)", "acc.mark_step", None, 0.74e-6),
+    ("mark_step (CPU: nothing to do)", "acc.mark_step", "pluggy hook, one no-op", 0.74e-6),
 ]
+
+#: Goals below this are times in seconds, not ratios.
+ABSOLUTE = 1e-3
 
 
 #: Samples per candidate in a round, and the least time one sample takes.
@@ -43,11 +49,25 @@ MIN_SAMPLE_S = 0.005
 
 
 def _candidates() -> dict[str, Callable[[], object]]:
+    import pluggy
     import torch
 
     import accel
 
     acc = accel.get_accelerator("cpu")
+
+    class Spec:
+        @pluggy.HookspecMarker("bench")
+        def mark_step(self) -> None: ...
+
+    class NoOp:
+        @pluggy.HookimplMarker("bench")
+        def mark_step(self) -> None:
+            return None
+
+    manager = pluggy.PluginManager("bench")
+    manager.add_hookspecs(Spec)
+    manager.register(NoOp())
     device = acc.device
 
     small = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 1))
@@ -68,6 +88,7 @@ def _candidates() -> dict[str, Callable[[], object]]:
         "acc.model_to_device": lambda: acc.model_to_device(mlp),
         "model.to(device)": lambda: mlp.to(device),
         "acc.mark_step": acc.mark_step,
+        "pluggy hook, one no-op": manager.hook.mark_step,
     }
 
 
@@ -139,21 +160,19 @@ def main() -> None:
 
     rows: list[list[Any]] = []
     for case, ours, theirs, goal in CASES:
-        if theirs is None:
-            figure = median(ours)
-            rows.append(
-                [case, fmt_us(figure), "-", "-", f"≤ {goal * 1e6:.2f} µs", verdict(figure <= goal)]
-            )
-            continue
         ratio = statistics.median(times[ours] / times[theirs] for times in rounds)
+        if goal < ABSOLUTE:
+            shown_goal, met = f"≤ {goal * 1e6:.2f} µs", median(ours) <= goal
+        else:
+            shown_goal, met = f"≤ {fmt_ratio(goal)}", ratio <= goal
         rows.append(
             [
                 case,
                 fmt_us(median(ours)),
                 fmt_us(median(theirs)),
                 fmt_ratio(ratio),
-                f"≤ {fmt_ratio(goal)}",
-                verdict(ratio <= goal),
+                shown_goal,
+                verdict(met),
             ]
         )
     print_table(
