@@ -4,8 +4,7 @@ what accel says when a hook fails (only ever entered on that path)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, Final, NamedTuple
 
 import pluggy
@@ -37,24 +36,21 @@ ACTION_HOOKS: Final = frozenset(
     {"optimizer_step", "mark_step", "synchronize", "manual_seed", "save", "set_rng_state"}
 )
 
-#: pluggy's call loop, as ``PluginManager._hookexec`` takes it: hook name, the
-#: implementations (called last to first), the call's arguments, first result or not.
-Execute = Callable[[str, Sequence[pluggy.HookImpl], Mapping[str, object], bool], Any]
-
 
 class HookCall(NamedTuple):
     """One hook as one accelerator calls it: ``execute(name, implementations, kwargs,
     firstresult)`` is what pluggy's ``HookCaller.__call__`` does, without filtering
     the subset and building the list again on every call."""
 
-    name: str
     #: The hook's implementations in pluggy's order, without the plugins of other
     #: accelerators (and, for an action hook a plugin does itself, without accel's
     #: fallback): a snapshot, so a call keeps the hooks it started with.
     implementations: tuple[pluggy.HookImpl, ...]
     firstresult: bool
-    #: The manager's ``_hookexec``: pluggy's own loop (``_multicall``, or its tracer).
-    execute: Execute
+    #: The manager's ``_hookexec``: pluggy's own loop (``_multicall``, or its tracer),
+    #: taking the hook's name, the implementations (called last to first), the call's
+    #: arguments and whether it stops at the first result.
+    execute: Callable[..., Any]
     #: A plugin's wrapper is among the implementations: it may change the answer.
     has_wrapper: bool
     #: accel's fallback is the only implementation.
@@ -87,15 +83,13 @@ def hook_call(manager: pluggy.PluginManager, hook_name: str, foreign: Iterable[o
     if hook_name in ACTION_HOOKS and plain_implementers(manager, hook_name, removed):
         removed.add(manager.get_plugin(FALLBACKS_NAME))
     caller = getattr(manager.hook, hook_name)
-    spec = caller.spec
     # Every typed call passes every argument of the spec, so pluggy's defaults for
     # missing ones (HookCaller.__call__ applies them) are never needed: no spec in
     # accel.hookspecs has defaults (tests/core/test_action_hooks.py checks).
     implementations = tuple(i for i in caller.get_hookimpls() if i.plugin not in removed)
     return HookCall(
-        name=hook_name,
         implementations=implementations,
-        firstresult=bool(spec and spec.opts.get("firstresult")),
+        firstresult=bool(caller.spec and caller.spec.opts.get("firstresult")),
         execute=manager._hookexec,
         has_wrapper=any(
             not _is_plain(impl) and impl.plugin_name != FALLBACKS_NAME for impl in implementations
@@ -107,13 +101,14 @@ def hook_call(manager: pluggy.PluginManager, hook_name: str, foreign: Iterable[o
 # -- what accel says when a hook fails ----------------------------------------------
 
 
+_BLAME: Final = "raised in hook "
+
+
 def note_blame(exc: BaseException, hook_name: str, plugin_name: str, provider: str) -> None:
     """Note on ``exc`` the hook and plugin it was raised in (the innermost one only)."""
-    if getattr(exc, "_accel_noted", False):  # the innermost implementation is at fault
-        return
-    add_note(exc, f"raised in hook {hook_name!r} of plugin {plugin_name!r} ({provider})")
-    with contextlib.suppress(AttributeError):
-        exc._accel_noted = True  # type: ignore[attr-defined]
+    # An outer implementation (a wrapper) sees it too: the innermost one is at fault.
+    if not any(note.startswith(_BLAME) for note in getattr(exc, "__notes__", ())):
+        add_note(exc, f"{_BLAME}{hook_name!r} of plugin {plugin_name!r} ({provider})")
 
 
 def shown(value: object) -> str:

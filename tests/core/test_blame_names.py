@@ -63,3 +63,18 @@ def test_an_answer_of_the_fallback_alone_names_the_fallback() -> None:
             return ["not", "a", "dict"]
 
     assert "from accel's built-in fallback." in _refusal((Wrong("npu"), "wrong"))
+
+
+def test_an_exception_is_blamed_on_the_innermost_implementation_only() -> None:
+    class Raises(FakeAccelerator):
+        @accel.hookimpl
+        def state_dict(self, model: torch.nn.Module) -> Any:
+            raise RuntimeError("device lost")
+
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(Raises("npu"), name="raises")
+    registry.register(_Wraps(), name="wraps")
+    with pytest.raises(RuntimeError, match="device lost") as info:
+        registry.get_accelerator("npu").state_dict(torch.nn.Linear(2, 2))
+    blame = [n for n in info.value.__notes__ if n.startswith("raised in hook")]
+    assert len(blame) == 1 and "plugin 'raises'" in blame[0], blame
