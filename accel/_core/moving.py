@@ -1,5 +1,5 @@
 """Moving a model, as one transaction: the move lock, one capture of the model, one
-decision whether the move unties (torch's rule, :mod:`accel._core.untying`), the hooks
+decision whether the move unties (torch's rule, :func:`move_unties`), the hooks
 in order, the ties kept on the module the move returned, the optimizers that follow,
 and the undo on failure; :meth:`accel.Accelerator.model_to_device` calls it."""
 
@@ -37,7 +37,9 @@ def move_model(
     model: _Model,
     optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None,
 ) -> _Model:
-    """:meth:`accel.Accelerator.model_to_device` (see there)."""
+    """:meth:`accel.Accelerator.model_to_device` (see there): the move transaction, one
+    capture, one decision, the hooks in order, the ties finished on the module the move
+    returned, everything undone on failure."""
     wrapped = _mp_model_wrapper_parts(model)
     if wrapped is not None:
         module, lock = wrapped
@@ -52,71 +54,49 @@ def move_model(
     # One move of a model at a time: a second thread's snapshot would see the
     # slots the first one emptied for its move. Moves of other models go on.
     with _move_lock(model):
-        return _move(hooks, spec, device, tie_check, model, optimizers)
-
-
-def _move(
-    hooks: AcceleratorHooks,
-    spec: AcceleratorSpec,
-    device: torch.device,
-    tie_check: TieCheck,
-    model: _Model,
-    optimizers: list[torch.optim.Optimizer],
-) -> _Model:
-    """The move transaction: one capture, one decision, the hooks in order, the ties
-    finished on the module the move returned, everything undone on failure."""
-    if (
-        not optimizers
-        and not spec.unties_weights
-        and _only_torch_moves(hooks)
-        and unchanged_by_torch_move(model, device)
-    ):
-        # Already there, and only torch's own .to() runs: nothing can change, so there
-        # is nothing to capture or undo (the capture costs half as much as the .to()).
+        # Already there, and only torch's own .to() runs (no plugin's move hook): nothing
+        # can change, so there is nothing to capture or undo (the capture costs half as
+        # much as the .to()).
+        capture: RestorePoint | None = None
+        if (
+            optimizers
+            or spec.unties_weights
+            or any(map(hooks.answered_by_plugin, _MOVE_HOOKS))
+            or not unchanged_by_torch_move(model, device)
+        ):
+            capture = RestorePoint(model)  # the one capture: the undo and the tie groups
+            if optimizers:
+                check_optimizers_hold(optimizers, model, capture.parameter_ids())
         context = MoveContext(spec.name, device, tie_check)
+        kept: KeptMove | None = None
         try:
             hooks.pre_move_hook(model, device, context)
+            # The declaration only overrides torch's rule; CPU <-> CUDA never gets past it.
+            if capture is not None and (
+                spec.unties_weights or move_unties(capture.device_samples(), device)
+            ):
+                # After every pre_move_hook: each saw the model whole.
+                hollow = not hooks.answered_by_plugin("model_to_device")
+                kept = KeptMove(capture.slots(), hollow=hollow)
             moved = hooks.model_to_device(model, device, context)
+            if capture is not None:
+                capture.mark_moved()
+            if kept is not None:  # before every post_move_hook: each sees it re-tied
+                kept.finish(model, moved, device, context)
             hooks.post_move_hook(moved, device, context)
-            return moved  # type: ignore[return-value]
+            if kept is not None:
+                kept.still_held(moved, device, context)
+            if capture is not None and optimizers:
+                follow_moved_parameters(optimizers, capture.moved_parameters(moved), device)
         except BaseException as exc:
-            add_note(exc, _restored_note(device, []))
+            add_note(exc, _restored_note(device, capture.restore() if capture is not None else []))
             raise
-    capture = RestorePoint(model)  # the one capture: the undo and the tie groups
-    if optimizers:
-        check_optimizers_hold(optimizers, model, capture.parameter_ids())
-    context = MoveContext(spec.name, device, tie_check)
-    kept: KeptMove | None = None
-    try:
-        hooks.pre_move_hook(model, device, context)
-        # The declaration only overrides torch's rule; CPU <-> CUDA never gets past it.
-        if spec.unties_weights or move_unties(capture.device_samples(), device):
-            # After every pre_move_hook: each saw the model whole.
-            kept = KeptMove(capture.slots(), hollow=not hooks.answered_by_plugin("model_to_device"))
-        moved = hooks.model_to_device(model, device, context)
-        capture.mark_moved()
-        if kept is not None:  # before every post_move_hook: each sees it re-tied
-            kept.finish(model, moved, device, context)
-        hooks.post_move_hook(moved, device, context)
-        if kept is not None:
-            kept.still_held(moved, device, context)
-        if optimizers:
-            follow_moved_parameters(optimizers, capture.moved_parameters(moved), device)
-    except BaseException as exc:
-        add_note(exc, _restored_note(device, capture.restore()))
-        raise
-    return moved  # type: ignore[return-value]
+        return moved  # type: ignore[return-value]
 
 
-def _only_torch_moves(hooks: AcceleratorHooks) -> bool:
-    """Whether no plugin takes part in a move: no ``pre_move_hook`` or ``post_move_hook``,
-    and ``model_to_device`` is accel's fallback, torch's ``model.to(device)``."""
-    return not (
-        hooks.answered_by_plugin("model_to_device")
-        or hooks.answered_by_plugin("pre_move_hook")
-        or hooks.answered_by_plugin("post_move_hook")
-    )
-
+#: The hooks through which a plugin takes part in a move: with none of them, the move
+#: is accel's fallback alone, torch's ``model.to(device)``.
+_MOVE_HOOKS: Final = ("pre_move_hook", "model_to_device", "post_move_hook")
 
 # torch's own implementations, which unchanged_by_torch_move reasons about.
 _MODULE_TO: Final = torch.nn.Module.to
@@ -141,6 +121,7 @@ def unchanged_by_torch_move(model: nn.Module, device: torch.device) -> bool:
     ):
         return False
     parameter_type = torch.nn.Parameter
+    # An inline walk rather than each_module: a generator doubles this check's cost.
     visited: set[int] = set()
     stack: list[nn.Module | None] = [model]
     while stack:
@@ -193,18 +174,13 @@ def move_unties(samples: dict[str, torch.Tensor], target: torch.device) -> bool:
     if torch.__future__.get_overwrite_module_params_on_conversion():
         return bool(samples)  # a new Parameter for every slot, wherever it goes
     for source, sample in samples.items():
-        # One device type to itself: the same tensor implementation, kept in place.
-        if source != target.type and not _keeps_in_place(source, sample, target):
+        if source == target.type:  # the same tensor implementation: kept in place
+            continue
+        if (keeps := _KEEPS.get((source, target.type))) is None:
+            keeps = _KEEPS[source, target.type] = _measure(sample, target)
+        if not keeps:
             return True
     return False
-
-
-def _keeps_in_place(source: str, sample: torch.Tensor, target: torch.device) -> bool:
-    key = (source, target.type)
-    keeps = _KEEPS.get(key)
-    if keeps is None:
-        keeps = _KEEPS[key] = _measure(sample, target)
-    return keeps
 
 
 def _measure(sample: torch.Tensor, target: torch.device) -> bool:
@@ -267,15 +243,11 @@ def _move_lock(model: nn.Module) -> threading.RLock:
     Re-entrant: a hook may move the same model again from the same thread.
     """
     key = id(model)
-    entry = _MOVE_LOCKS.get(key)
-    if entry is not None and entry[0]() is model:
-        return entry[1]
     with _MOVE_LOCKS_GUARD:
         entry = _MOVE_LOCKS.get(key)
         if entry is None or entry[0]() is not model:
             reference = weakref.ref(model, functools.partial(_forget_lock, key))
-            entry = (reference, threading.RLock())
-            _MOVE_LOCKS[key] = entry
+            entry = _MOVE_LOCKS[key] = (reference, threading.RLock())
         return entry[1]
 
 
