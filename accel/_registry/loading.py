@@ -47,42 +47,21 @@ class EntryPointLoader:
         #: ``(entry-point name, provider)`` of the plugin being loaded now, if any.
         self.current: tuple[str, str] | None = None
 
-    def enabled(self) -> bool:
-        if self._group is None:
-            return False
-        if self._autoload is not None:
-            return self._autoload
-        return not _env_flag(DISABLE_AUTOLOAD_ENV, false_means="entry-point plugins still load")
-
-    def allowed(self) -> set[str] | None:
-        """The allow-list, normalised: the registry's own, else ``$ACCEL_PLUGINS``."""
-        if self._allowed is not None:
-            return self._allowed
-        raw = os.environ.get(PLUGINS_ENV, "")
-        if not raw.strip():
-            return None
-        allowed = _normalised_set(raw.split(","))
-        if not allowed:
-            warn_at_caller(
-                f"{PLUGINS_ENV}={raw!r} holds only separators, so it allows no plugin and "
-                f"no third-party plugin loads (the built-ins still do). Name the plugins "
-                f"to load ({PLUGINS_ENV}=accel-vendorx), unset it to load every plugin, or "
-                f"set {DISABLE_AUTOLOAD_ENV}=1 to say you want none.",
-                PluginWarning,
-            )
-        return allowed
-
     def load(self, register: Register) -> list[PluginFailure]:
         """Load every allowed entry point of the group into ``register``."""
-        if not self.enabled():
+        if self._group is None or self._autoload is False:
             return []
-        assert self._group is not None
-        allowed = self.allowed()
-        found = sorted(importlib.metadata.entry_points(group=self._group), key=_load_order)
+        if self._autoload is None and _autoload_disabled():
+            return []
+        allowed, source = self._allow_list()
+        # (normalised distribution name, provider, entry point), in load order.
+        found = sorted(
+            ((*_provider(ep), ep) for ep in importlib.metadata.entry_points(group=self._group)),
+            key=lambda item: (item[0], item[2].name),
+        )
         failures: list[PluginFailure] = []
         loaded_names: set[str] = set()
-        for entry_point in found:
-            dist_name, provider = _provider(entry_point)
+        for dist_name, provider, entry_point in found:
             keys = {normalize_distribution_name(entry_point.name), dist_name}
             if allowed is not None and not keys & allowed:
                 continue
@@ -106,15 +85,25 @@ class EntryPointLoader:
             finally:
                 self.current = None
         if allowed is not None:
-            source = (
-                "the registry's plugins= argument" if self._allowed is not None else PLUGINS_ENV
-            )
             _warn_unmatched(allowed, found, source)
         return failures
 
-
-def _load_order(entry_point: EntryPoint) -> tuple[str, str]:
-    return (_provider(entry_point)[0], entry_point.name)
+    def _allow_list(self) -> tuple[set[str] | None, str]:
+        """The allow-list, normalised, and what gave it: the registry's own, else
+        ``$ACCEL_PLUGINS``."""
+        if self._allowed is not None:
+            return self._allowed, "the registry's plugins= argument"
+        raw = os.environ.get(PLUGINS_ENV, "")
+        allowed = _normalised_set(raw.split(",")) if raw.strip() else None
+        if allowed == set():
+            warn_at_caller(
+                f"{PLUGINS_ENV}={raw!r} holds only separators, so it allows no plugin and "
+                f"no third-party plugin loads (the built-ins still do). Name the plugins "
+                f"to load ({PLUGINS_ENV}=accel-vendorx), unset it to load every plugin, or "
+                f"set {DISABLE_AUTOLOAD_ENV}=1 to say you want none.",
+                PluginWarning,
+            )
+        return allowed, PLUGINS_ENV
 
 
 def _provider(entry_point: EntryPoint) -> tuple[str, str]:
@@ -144,14 +133,16 @@ def _failure(name: str, provider: str, exc: BaseException) -> PluginFailure:
     return PluginFailure(name, provider, error, tuple(conflicting))
 
 
-def _warn_unmatched(allowed: set[str], found: list[EntryPoint], source: str) -> None:
+def _warn_unmatched(
+    allowed: set[str], found: list[tuple[str, str, EntryPoint]], source: str
+) -> None:
     """:param source: what gave the allow-list: the variable, or the registry's argument."""
-    installed = {normalize_distribution_name(ep.name) for ep in found}
-    installed |= {_provider(ep)[0] for ep in found}
+    installed = {normalize_distribution_name(ep.name) for _, _, ep in found}
+    installed |= {dist for dist, _, _ in found}
     unmatched = sorted(allowed - installed)
     if not unmatched:
         return
-    there = ", ".join(sorted({f"{ep.name} (from {_provider(ep)[1]})" for ep in found}))
+    there = ", ".join(sorted({f"{ep.name} (from {provider})" for _, provider, ep in found}))
     what = (
         "that entry-point or distribution name"
         if len(unmatched) == 1
@@ -169,23 +160,22 @@ _TRUE_VALUES: Final = ("1", "true", "yes", "on")
 _FALSE_VALUES: Final = ("", "0", "false", "no", "off")
 
 
-def _env_flag(name: str, *, false_means: str) -> bool:
-    """Whether environment variable ``name`` is set to a true value (1, true, yes, on).
+def _autoload_disabled() -> bool:
+    """Whether ``$ACCEL_DISABLE_PLUGIN_AUTOLOAD`` is set to a true value (1, true, yes, on).
 
     Any other value means false; one that is not a recognised false value either
     (``maybe``) warns, naming the variable, since the user meant *something*.
-
-    :param false_means: what false does, for the warning ("plugins still load").
     """
-    raw = os.environ.get(name, "")
+    raw = os.environ.get(DISABLE_AUTOLOAD_ENV, "")
     value = raw.strip().lower()
     if value in _TRUE_VALUES:
         return True
     if value not in _FALSE_VALUES:
         warn_at_caller(
-            f"${name}={raw!r} is not a value accel recognises, so it is read as "
-            f"false: {false_means}. Set it to one of {', '.join(map(repr, _TRUE_VALUES))} for "
-            f"true, or to one of {', '.join(map(repr, _FALSE_VALUES))} for false.",
+            f"${DISABLE_AUTOLOAD_ENV}={raw!r} is not a value accel recognises, so it is read "
+            f"as false: entry-point plugins still load. Set it to one of "
+            f"{', '.join(map(repr, _TRUE_VALUES))} for true, or to one of "
+            f"{', '.join(map(repr, _FALSE_VALUES))} for false.",
             PluginWarning,
         )
     return False
