@@ -85,15 +85,22 @@ def find_tied_parameters(model: nn.Module, *, buffers: bool = True) -> list[Tied
 
 # A slot during the scan: (module, attribute, kind, path of the module).
 _Slot = tuple["nn.Module", str, SlotKind, Path]
-# What the scan reads of one module: (module, its path, its parameter and buffer slots).
+# What the scan reads of one module: (module, its path, its parameter and buffer slots,
+# and more it ignores), as in SlotContents.modules().
 _Entry = tuple[
-    "nn.Module", Path, "Mapping[str, torch.Tensor | None]", "Mapping[str, torch.Tensor | None]"
+    "nn.Module",
+    Path,
+    "Mapping[str, torch.Tensor | None]",
+    "Mapping[str, torch.Tensor | None]",
+    object,
 ]
 
 
 def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
     """One pass over the model's live slots: its tied groups and its unique parameter count."""
-    entries = [(m, path, m._parameters, m._buffers) for m, path in modules_with_paths(model)]
+    entries = [
+        (m, path, m._parameters, m._buffers, m._modules) for m, path in modules_with_paths(model)
+    ]
     return _scan_entries(entries, buffers)
 
 
@@ -108,7 +115,7 @@ def _scan_entries(entries: Iterable[_Entry], buffers: bool) -> tuple[list[TiedGr
     # which their tensors were first seen; most tensors never need a list.
     slots_by_tensor: dict[int, _Slot | list[_Slot]] = {}
     remember = slots_by_tensor.setdefault
-    for module, path, parameters, module_buffers in entries:
+    for module, path, parameters, module_buffers, _ in entries:
         registries: tuple[tuple[SlotKind, Mapping[str, torch.Tensor | None]], ...] = (
             ("parameter", parameters),
             ("buffer", module_buffers if buffers else {}),
@@ -213,13 +220,7 @@ class TyingSnapshot:
     @classmethod
     def _of_slots(cls, slots: SlotContents) -> TyingSnapshot:
         """The snapshot of the model whose slots ``slots`` captured (no second walk)."""
-        entries = [
-            (module, path, parameters, buffers)
-            for (module, parameters, buffers, _), path in zip(
-                slots.modules(), slots.paths(), strict=True
-            )
-        ]
-        groups, parameter_count = _scan_entries(entries, buffers=True)
+        groups, parameter_count = _scan_entries(slots.modules(), buffers=True)
         return cls(tuple(groups), parameter_count)
 
     def retie(self) -> None:
@@ -238,8 +239,6 @@ class TyingSnapshot:
         return TieReport(self.parameter_count, count_now, broken, self._appeared(groups_now))
 
     def _appeared(self, groups_now: list[TiedGroup]) -> tuple[TiedGroup, ...]:
-        if not groups_now:
-            return ()
         # Slots are matched by module identity and attribute, not by name: a module
         # registered under two paths is one module.
         owner = {

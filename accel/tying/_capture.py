@@ -35,8 +35,10 @@ __all__ = [
 #: the model itself. The dotted string is built only where a name is needed.
 Path = tuple["Path", str] | None
 
+#: One module as captured: ``(module, path, parameters, buffers, submodules)``.
 _Slots = tuple[
     nn.Module,
+    Path,
     dict[str, torch.Tensor | None],
     dict[str, torch.Tensor | None],
     dict[str, nn.Module | None],
@@ -88,23 +90,17 @@ class SlotContents:
     objects back, so whatever was in a slot keeps its values.
     """
 
-    __slots__ = ("_paths", "_saved")
+    __slots__ = ("_saved",)
 
     def __init__(self, model: nn.Module) -> None:
-        walked = modules_with_paths(model)
         self._saved: list[_Slots] = [
-            (module, dict(module._parameters), dict(module._buffers), dict(module._modules))
-            for module, _ in walked
+            (m, path, dict(m._parameters), dict(m._buffers), dict(m._modules))
+            for m, path in modules_with_paths(model)
         ]
-        self._paths = [path for _, path in walked]
 
     def modules(self) -> list[_Slots]:
-        """``(module, parameters, buffers, submodules)`` of each module, as captured."""
+        """``(module, path, parameters, buffers, submodules)`` of each module, as captured."""
         return self._saved
-
-    def paths(self) -> list[Path]:
-        """Each module's :data:`Path`, in the order of :meth:`modules`."""
-        return self._paths
 
     def restore(self) -> bool:
         """Put every captured slot's object back (slots added since are dropped).
@@ -112,7 +108,7 @@ class SlotContents:
         Returns whether any slot had changed.
         """
         changed = False
-        for module, parameters, buffers, submodules in self._saved:
+        for module, _, parameters, buffers, submodules in self._saved:
             for live, saved in (
                 (module._parameters, parameters),
                 (module._buffers, buffers),
@@ -136,7 +132,7 @@ def counterparts(before: SlotContents, replacement: nn.Module) -> dict[int, nn.M
     by_name = dict(replacement.named_modules())
     held = {id(module) for module in by_name.values()}
     found: dict[int, nn.Module] = {}
-    for (module, _, _, _), path in zip(before.modules(), before.paths(), strict=True):
+    for module, path, _, _, _ in before.modules():
         if id(module) in held:
             found[id(module)] = module
         elif (now := by_name.get("" if path is None else qualified_name(*path))) is not None:
@@ -176,13 +172,13 @@ class RestorePoint:
         self._model = model
         #: The move's one capture of the model's slots: the undo and the tie groups.
         self._slots = SlotContents(model)
-        self._training = [(module, module.training) for module, _, _, _ in self._slots.modules()]
+        self._training = [(module, module.training) for module, *_ in self._slots.modules()]
         swapping = torch.__future__.get_swap_module_params_on_conversion()
         states: dict[int, _ParameterState] = {}
         # id(tensor) -> (the tensor, an alias sharing its version counter)
         watched: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         samples: dict[str, torch.Tensor] = {}
-        for _, module_parameters, module_buffers, _ in self._slots.modules():
+        for _, _, module_parameters, module_buffers, _ in self._slots.modules():
             for parameter in module_parameters.values():
                 if parameter is None or id(parameter) in states:
                     continue
@@ -237,7 +233,7 @@ class RestorePoint:
         a tie maps to one."""
         found = None if moved is self._model else counterparts(self._slots, moved)
         moved_map: dict[int, nn.Parameter] = {}
-        for module, parameters, _, _ in self._slots.modules():
+        for module, _, parameters, _, _ in self._slots.modules():
             module_now = module if found is None else found.get(id(module))
             if module_now is None:
                 continue
@@ -314,7 +310,7 @@ def _add_running_statistics(slots: SlotContents, changed: set[int]) -> None:
     without bumping their version counters; the forward pass that does so also adds
     one to ``num_batches_tracked`` (an ordinary ``add_``, which is counted).
     """
-    for _, _, buffers, _ in slots.modules():
+    for _, _, _, buffers, _ in slots.modules():
         counter = buffers.get("num_batches_tracked")
         if counter is not None and id(counter) in changed:
             for name in ("running_mean", "running_var"):

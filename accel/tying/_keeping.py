@@ -92,7 +92,7 @@ class KeptMove:
         """Give the slots hollowed out for the move back their tensors, in the modules
         of the captured model that its replacement does not hold (``found``: see
         :func:`counterparts`): the model the caller passed stays as it was."""
-        saved = {id(module): (p, b) for module, p, b, _ in self._before.modules()}
+        saved = {id(module): (p, b) for module, _, p, b, _ in self._before.modules()}
         for group in self._snapshot.groups:
             for module, name, kind in group.slots:
                 if found.get(id(module)) is not module:
@@ -201,7 +201,7 @@ def _separate_appeared(model: nn.Module, snapshot: TyingSnapshot, before: SlotCo
         return False  # what differs is no new tie (reported as it is)
     held = {
         (id(module), name, kind): tensor
-        for module, parameters, buffers, _ in before.modules()
+        for module, _, parameters, buffers, _ in before.modules()
         for kind, slots in (("parameter", parameters), ("buffer", buffers))
         for name, tensor in slots.items()
         if tensor is not None
