@@ -1,7 +1,8 @@
 """Moving a model, as one transaction: the move lock, one capture of the model, one
-decision whether the move unties (torch's rule, :func:`move_unties`), the hooks
-in order, the ties kept on the module the move returned, the optimizers that follow,
-and the undo on failure; :meth:`accel.Accelerator.model_to_device` calls it."""
+decision whether the move unties (torch's rule, :func:`move_unties`), the hooks in
+order, the ties kept on the module the move returned, the optimizers that follow (refused
+where none holds any of the model's parameters), and the undo on failure;
+:meth:`accel.Accelerator.model_to_device` calls it."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from accel._core.hooks import AcceleratorHooks
-from accel._core.optimizers import check_optimizers_hold
 from accel._util.notes import add_note
-from accel.errors import AcceleratorTypeError
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
 from accel.training.step import follow_moved_parameters
 from accel.tying._capture import RestorePoint
 from accel.tying._keeping import KeptMove
@@ -294,3 +294,50 @@ def _as_optimizer_list(
                 f"{expected}; got an iterable containing {type(item).__name__}"
             )
     return optimizers
+
+
+# Shapes shown when an optimizer holds none of the model's parameters.
+_SHAPES_SHOWN = 3
+
+
+def check_optimizers_hold(
+    optimizers: list[torch.optim.Optimizer], model: nn.Module, parameter_ids: set[int]
+) -> None:
+    """Refuse ``optimizers`` (at least one) if none holds any of the model's parameters.
+
+    Such an optimizer was usually built before an earlier move replaced the
+    parameters: retargeting it would change nothing, and the model would never train.
+    Among several optimizers, those holding none are fine as long as one holds some:
+    a caller may pass every optimizer with every model (accelerate's ``prepare(model_a,
+    model_b, opt_a, opt_b)`` does), and an optimizer holding other parameters besides
+    the model's is fine too.
+    """
+    held = [[p for group in opt.param_groups for p in group["params"]] for opt in optimizers]
+    if any(id(p) in parameter_ids for params in held for p in params):
+        return
+    described = [
+        f"{_which(position, optimizer, len(optimizers))} holds {_holding(params)}"
+        for position, (optimizer, params) in enumerate(zip(optimizers, held, strict=True))
+    ]
+    raise AcceleratorValueError(
+        f"optimizer= holds none of the parameters of the model being moved "
+        f"({type(model).__name__}, {len(parameter_ids)} parameters): {'; '.join(described)}. "
+        f"It was probably built on parameters that an earlier move replaced: build it on "
+        f"model.parameters() after that move, or pass it to every move "
+        f"(model_to_device(model, optimizer=...)) so it follows the parameters."
+    )
+
+
+def _which(position: int, optimizer: torch.optim.Optimizer, count: int) -> str:
+    name = type(optimizer).__name__
+    return f"the {name} optimizer" if count == 1 else f"optimizer {position} ({name})"
+
+
+def _holding(params: list[torch.Tensor]) -> str:
+    if not params:
+        return "no parameters at all"
+    shapes = ", ".join(str(tuple(p.shape)) for p in params[:_SHAPES_SHOWN])
+    more = f" and {len(params) - _SHAPES_SHOWN} more" if len(params) > _SHAPES_SHOWN else ""
+    devices = ", ".join(sorted({str(p.device) for p in params}))
+    plural = "s" if len(params) != 1 else ""
+    return f"{len(params)} parameter{plural} (shapes {shapes}{more}; on {devices})"
