@@ -112,14 +112,12 @@ class AcceleratorHooks:
 
     # -- moves ----------------------------------------------------------------------
 
-    def pre_move_hook(
-        self, model: torch.nn.Module, device: torch.device, context: MoveContext
-    ) -> None:
+    def pre_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
         self._call("pre_move_hook", model=model, device=device, context=context)
 
     def model_to_device(
-        self, model: torch.nn.Module, device: torch.device, context: MoveContext
-    ) -> torch.nn.Module:
+        self, model: nn.Module, device: torch.device, context: MoveContext
+    ) -> nn.Module:
         moved, who = self._call("model_to_device", model=model, device=device, context=context)
         if who != FALLBACKS_NAME:  # a plugin moved it (None: one of them, pluggy ran it)
             context.notes[MOVED_BY_NOTE] = self.describe(who, "model_to_device")
@@ -129,9 +127,7 @@ class AcceleratorHooks:
             )
         return moved
 
-    def post_move_hook(
-        self, model: torch.nn.Module, device: torch.device, context: MoveContext
-    ) -> None:
+    def post_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
         self._call("post_move_hook", model=model, device=device, context=context)
 
     def batch_to_device(self, batch: Any, device: torch.device) -> Any:
@@ -175,7 +171,7 @@ class AcceleratorHooks:
         return norm
 
     def no_sync(
-        self, model: torch.nn.Module, enabled: bool, device: torch.device
+        self, model: nn.Module, enabled: bool, device: torch.device
     ) -> AbstractContextManager[Any]:
         return self._context("no_sync", model=model, enabled=enabled, device=device)
 
@@ -227,7 +223,7 @@ class AcceleratorHooks:
             )
         return batches
 
-    def state_dict(self, model: torch.nn.Module) -> dict[str, Any]:
+    def state_dict(self, model: nn.Module) -> dict[str, Any]:
         return self._expect("state_dict", dict, model=model)
 
     def save(self, obj: Any, path: str | os.PathLike[str]) -> None:

@@ -78,3 +78,21 @@ def test_an_exception_is_blamed_on_the_innermost_implementation_only() -> None:
         registry.get_accelerator("npu").state_dict(torch.nn.Linear(2, 2))
     blame = [n for n in info.value.__notes__ if n.startswith("raised in hook")]
     assert len(blame) == 1 and "plugin 'raises'" in blame[0], blame
+
+
+def test_a_move_that_returns_no_module_is_refused_naming_the_plugin() -> None:
+    class MovesToAList(FakeAccelerator):
+        @accel.hookimpl
+        def model_to_device(self, model: torch.nn.Module) -> Any:
+            return [model]
+
+    registry = accel.AcceleratorRegistry(entry_points=None)
+    registry.register(MovesToAList("npu"), name="lists")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(accel.PluginError) as info:
+        registry.get_accelerator("npu").model_to_device(model)
+    message = str(info.value)
+    assert "hook 'model_to_device' for accelerator 'npu' returned list, not a torch.nn.Module" in (
+        message
+    )
+    assert re.search(r"from plugin 'lists' \([^)]*MovesToAList\)\. ", message), message
