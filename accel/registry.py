@@ -299,15 +299,13 @@ class AcceleratorRegistry:
             named = {c.name for c in disputed}.union(*(s.aliases for s in kept_out))
             raise conflict_error(canonical[0], specs, label, provider, named)
         lost = {c.name for c in dropped}  # built-ins' aliases: the plugin loses them
-        kept = (
-            [
+        kept = specs
+        if lost:
+            kept = [
                 dataclasses.replace(s, aliases=tuple(a for a in s.aliases if a not in lost))
                 for s in specs
             ]
-            if lost
-            else specs
-        )
-        self._dispatcher.add_plugin(plugin, label, provider, accelerators=[s.name for s in kept])
+        self._dispatcher.add_plugin(plugin, label, provider, accelerators=[s.name for s in specs])
         self._catalog.add(plugin, kept, provider)
         self._catalog.dispute(disputed, provider)
         # Warned once registered: each warning says what the registry now holds.

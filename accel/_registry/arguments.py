@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from accel._util.names import PLUGINS_ENV
+from accel._util.names import DISABLE_AUTOLOAD_ENV, PLUGINS_ENV
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
 __all__ = ["checked_arguments"]
@@ -33,18 +33,11 @@ def checked_arguments(
             f"entry_points is blank ({entry_points!r}): pass a group name such as "
             f"'mylib.accelerators', or None to load no entry points"
         )
+    or_none = "True, False or None (None: unless"
     for argument, value, means in (
         ("builtins", builtins, "True or False"),
-        (
-            "autoload",
-            autoload,
-            "True, False or None (None: unless $ACCEL_DISABLE_PLUGIN_AUTOLOAD=1)",
-        ),
-        (
-            "default_from_env",
-            default_from_env,
-            "True, False or None (None: unless a group of its own)",
-        ),
+        ("autoload", autoload, f"{or_none} ${DISABLE_AUTOLOAD_ENV}=1)"),
+        ("default_from_env", default_from_env, f"{or_none} a group of its own)"),
     ):
         if (value is not None or argument == "builtins") and not isinstance(value, bool):
             raise AcceleratorTypeError(

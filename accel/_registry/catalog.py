@@ -91,12 +91,8 @@ class Catalog:
         gone = [name for name, r in self._registrations.items() if r.plugin is plugin]
         for name in gone:
             del self._registrations[name]
-        for key in list(self._claims):
-            remaining = [name for name in self._claims[key] if name not in gone]
-            if remaining:
-                self._claims[key] = remaining
-            else:
-                del self._claims[key]
+        claims = {key: [n for n in names if n not in gone] for key, names in self._claims.items()}
+        self._claims = {key: names for key, names in claims.items() if names}
         return gone
 
     def dispute(self, conflicts: list[Conflict], provider: str) -> None:
