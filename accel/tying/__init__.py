@@ -151,11 +151,7 @@ def _scan_entries(entries: Iterable[_Entry], buffers: bool) -> tuple[list[TiedGr
 def retie(groups: list[TiedGroup]) -> None:
     """Put each group's source tensor (see :meth:`TiedGroup.source_slot`) into every
     other slot of the group."""
-    for group in groups:
-        source_module, source_name, source_kind = group.source_slot()
-        shared = _slot_dict(source_module, source_kind)[source_name]
-        for module, name, kind in group.slots:
-            _slot_dict(module, kind)[name] = shared
+    _fill_duplicate_slots(groups, empty=False)
 
 
 def empty_duplicate_slots(groups: list[TiedGroup]) -> None:
@@ -166,12 +162,17 @@ def empty_duplicate_slots(groups: list[TiedGroup]) -> None:
     emptied slots with the source slot's moved tensor. ``None`` (rather than
     deleting the key) keeps every module's parameter order.
     """
+    _fill_duplicate_slots(groups, empty=True)
+
+
+def _fill_duplicate_slots(groups: list[TiedGroup], *, empty: bool) -> None:
+    """Put ``None`` (``empty``) or the source slot's tensor into each group's other slots."""
     for group in groups:
-        source = group.source_slot()
+        source_module, source_name, source_kind = source = group.source_slot()
+        shared = None if empty else _slot_dict(source_module, source_kind)[source_name]
         for slot in group.slots:
-            if slot is not source:
-                module, name, kind = slot
-                _slot_dict(module, kind)[name] = None
+            if slot is not source:  # the source keeps its tensor
+                _slot_dict(slot[0], slot[2])[slot[1]] = shared
 
 
 def count_unique_parameters(model: nn.Module) -> int:
@@ -236,9 +237,6 @@ class TyingSnapshot:
         """
         groups_now, count_now = _scan(model, buffers=True)
         broken = tuple(group for group in self.groups if not group.is_tied())
-        return TieReport(self.parameter_count, count_now, broken, self._appeared(groups_now))
-
-    def _appeared(self, groups_now: list[TiedGroup]) -> tuple[TiedGroup, ...]:
         # Slots are matched by module identity and attribute, not by name: a module
         # registered under two paths is one module.
         owner = {
@@ -255,7 +253,7 @@ class TyingSnapshot:
             }
             if len(owners) > 1:
                 appeared.append(group)
-        return tuple(appeared)
+        return TieReport(self.parameter_count, count_now, broken, tuple(appeared))
 
     def finish_move(self, model: nn.Module) -> TieReport:
         """After the move: re-tie, let the model re-tie itself, keep the snapshot's ties.

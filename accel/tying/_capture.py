@@ -46,7 +46,7 @@ _Slots = tuple[
 
 #: What a restore puts back of one Parameter: the Parameter, a ``detach()`` of it,
 #: its ``requires_grad``, its gradient and a ``detach()`` of the gradient.
-_ParameterState = tuple[nn.Parameter, torch.Tensor, bool, torch.Tensor | None, torch.Tensor | None]
+_ParameterState = tuple[torch.Tensor, torch.Tensor, bool, torch.Tensor | None, torch.Tensor | None]
 
 # Tensor types that are no wrapper subclass: their data pointer and version counter
 # are their own.
@@ -156,8 +156,8 @@ class RestorePoint:
 
     __slots__ = (
         "_aliases",
+        "_at_move",
         "_model",
-        "_moved",
         "_parameters",
         "_pointers",
         "_samples",
@@ -165,7 +165,6 @@ class RestorePoint:
         "_tensors",
         "_training",
         "_versions",
-        "_versions_at_move",
     )
 
     def __init__(self, model: nn.Module) -> None:
@@ -188,13 +187,7 @@ class RestorePoint:
                 # version counter: a move that swaps the Parameter's contents (torch's
                 # swap mode, even turned on inside a hook) leaves it the original's.
                 data, grad_data = parameter.detach(), None if grad is None else grad.detach()
-                states[id(parameter)] = (
-                    parameter,  # type: ignore[assignment]
-                    data,
-                    parameter.requires_grad,
-                    grad,
-                    grad_data,
-                )
+                states[id(parameter)] = (parameter, data, parameter.requires_grad, grad, grad_data)
                 watched[id(parameter)] = (parameter, data)
                 if grad is not None and grad_data is not None:
                     watched[id(grad)] = (grad, grad_data)
@@ -212,8 +205,8 @@ class RestorePoint:
         self._aliases = [alias for _, alias in kept]
         self._versions = [alias._version for alias in self._aliases]
         self._pointers = [_pointer(tensor) for tensor in self._tensors]
-        self._moved = [False] * len(kept)
-        self._versions_at_move = self._versions
+        #: Per tensor, its counter when the move gave it other storage (None: it did not).
+        self._at_move: list[int | None] = [None] * len(kept)
 
     def parameter_ids(self) -> set[int]:
         """``id`` of every distinct Parameter of the model when it was captured."""
@@ -247,17 +240,16 @@ class RestorePoint:
         """Call once the move itself is done: in-place edits after this point touch
         the moved tensors, not the values a restore puts back. Notes which tensors
         the move gave other storage, and their counters then."""
-        # A data pointer tells (cheaply) where there is one; XLA, meta and wrapper
-        # tensors have none (0), and their alias tells.
-        self._moved = [
-            _pointer(tensor) != pointer
-            if pointer or alias is tensor
-            else not torch._C._is_alias_of(tensor, alias)  # type: ignore[attr-defined]
-            for tensor, alias, pointer in zip(
-                self._tensors, self._aliases, self._pointers, strict=True
-            )
-        ]
-        self._versions_at_move = [alias._version for alias in self._aliases]
+        for index, (tensor, alias, pointer) in enumerate(
+            zip(self._tensors, self._aliases, self._pointers, strict=True)
+        ):
+            # A data pointer tells (cheaply) where there is one; XLA, meta and wrapper
+            # tensors have none (0), and their alias tells.
+            if pointer or alias is tensor:
+                moved = _pointer(tensor) != pointer
+            else:
+                moved = not torch._C._is_alias_of(tensor, alias)  # type: ignore[attr-defined]
+            self._at_move[index] = alias._version if moved else None
 
     def restore(self) -> list[str]:
         """Put every slot, parameter storage, gradient and training flag back as
@@ -270,16 +262,11 @@ class RestorePoint:
         """
         changed = {
             id(tensor)
-            for tensor, alias, version, was_moved, at_move in zip(
-                self._tensors,
-                self._aliases,
-                self._versions,
-                self._moved,
-                self._versions_at_move,
-                strict=True,
+            for tensor, alias, version, at_move in zip(
+                self._tensors, self._aliases, self._versions, self._at_move, strict=True
             )
             # Moved in place: later edits hit the moved data, which the restore drops.
-            if (at_move if was_moved else alias._version) != version
+            if (alias._version if at_move is None else at_move) != version
         }
         if changed:
             _add_running_statistics(self._slots, changed)

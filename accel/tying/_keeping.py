@@ -208,8 +208,7 @@ def _separate_appeared(model: nn.Module, snapshot: TyingSnapshot, before: SlotCo
     }
     for group in appeared:
         shared = group.tensors()[0]
-        if shared is None:
-            continue
+        assert shared is not None  # found in the live slots just now; groups are disjoint
         again: dict[int, torch.Tensor] = {}  # id(tensor before) -> what goes back
         for module, name, kind in group.slots:
             original = held.get((id(module), name, kind))
