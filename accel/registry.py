@@ -115,7 +115,7 @@ class AcceleratorRegistry:
         """
         self._loaded()
         with self._lock:
-            if not self._dispatcher.is_registered(plugin):
+            if not self._dispatcher.validator().is_registered(plugin):
                 raise PluginError(
                     f"cannot unregister {plugin_label(plugin)!r}: it is not registered in "
                     f"this registry (registries never share plugins)"
@@ -250,7 +250,8 @@ class AcceleratorRegistry:
         return selector
 
     def _remove(self, plugin: object) -> None:
-        self._dispatcher.remove_plugin(plugin, self._catalog.remove(plugin))
+        self._dispatcher.remove_plugin(plugin)
+        self._catalog.remove(plugin)
 
     def _add(
         self,
@@ -261,7 +262,7 @@ class AcceleratorRegistry:
         override: bool = False,
         entry_point: bool = False,
     ) -> None:
-        if self._dispatcher.is_registered(plugin):
+        if self._dispatcher.validator().is_registered(plugin):
             raise PluginError(
                 f"plugin {label!r} from {provider} is already registered in this registry, "
                 f"and a plugin object is registered once. Register it once; to register it "

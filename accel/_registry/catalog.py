@@ -86,14 +86,13 @@ class Catalog:
             for key in (spec.name, *spec.aliases):
                 self._claims.setdefault(key, []).append(spec.name)
 
-    def remove(self, plugin: object) -> list[str]:
-        """Forget every accelerator ``plugin`` declared; return their names."""
+    def remove(self, plugin: object) -> None:
+        """Forget every accelerator ``plugin`` declared."""
         gone = [name for name, r in self._registrations.items() if r.plugin is plugin]
         for name in gone:
             del self._registrations[name]
         claims = {key: [n for n in names if n not in gone] for key, names in self._claims.items()}
         self._claims = {key: names for key, names in claims.items() if names}
-        return gone
 
     def dispute(self, conflicts: list[Conflict], provider: str) -> None:
         """Mark each conflict's name as claimed by its holder and ``provider``: it selects

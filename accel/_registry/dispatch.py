@@ -57,9 +57,6 @@ class Dispatcher:
         """The registry's plugin manager (it parses and validates hook implementations)."""
         return self._manager
 
-    def is_registered(self, plugin: object) -> bool:
-        return self._manager.is_registered(plugin)
-
     def add_plugin(
         self, plugin: object, label: str, provider: str, *, accelerators: list[str]
     ) -> None:
@@ -103,17 +100,15 @@ class Dispatcher:
                 )
             self._forget()
 
-    def remove_plugin(self, plugin: object, accelerators: list[str]) -> None:
+    def remove_plugin(self, plugin: object) -> None:
         """Unregister ``plugin``; retire its accelerators' hooks."""
         with self._lock:
-            for accelerator in accelerators:
-                hooks = self._hooks.pop(accelerator, None)
-                if hooks is not None:
-                    hooks._retire()
-            name = self._manager.get_name(plugin)
+            # Each canonical name has one owner (the catalog keeps it so), so each
+            # accelerator's hooks are its owner's.
+            for accelerator in self._owners.pop(plugin, ()):
+                self._hooks.pop(accelerator)._retire()
+            self._providers.pop(self._manager.get_name(plugin) or "", None)
             self._manager.unregister(plugin)
-            self._providers.pop(name or "", None)
-            self._owners.pop(plugin, None)
             self._forget()
 
     def hooks(self, accelerator: str) -> AcceleratorHooks:
