@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Literal
 
 from torch import nn
 
-from accel.tying._capture import Path, SlotContents, modules_with_paths, qualified_name
+from accel.tying._capture import (
+    ModuleSlots,
+    Path,
+    SlotContents,
+    modules_with_paths,
+    qualified_name,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -85,15 +91,6 @@ def find_tied_parameters(model: nn.Module, *, buffers: bool = True) -> list[Tied
 
 # A slot during the scan: (module, attribute, kind, path of the module).
 _Slot = tuple["nn.Module", str, SlotKind, Path]
-# What the scan reads of one module: (module, its path, its parameter and buffer slots,
-# and more it ignores), as in SlotContents.modules().
-_Entry = tuple[
-    "nn.Module",
-    Path,
-    "Mapping[str, torch.Tensor | None]",
-    "Mapping[str, torch.Tensor | None]",
-    object,
-]
 
 
 def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
@@ -104,7 +101,7 @@ def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
     return _scan_entries(entries, buffers)
 
 
-def _scan_entries(entries: Iterable[_Entry], buffers: bool) -> tuple[list[TiedGroup], int]:
+def _scan_entries(entries: Iterable[ModuleSlots], buffers: bool) -> tuple[list[TiedGroup], int]:
     """The tied groups and unique parameter count of the modules' slots in ``entries``.
 
     Per slot it does one dict operation; qualified names are built only for slots
@@ -300,16 +297,12 @@ def format_tie_failure(report: TieReport, device: object, *, raised: bool = True
         f"{what} moving the model to {device}. "
         f"Layer count: [Before: {report.count_before} After: {report.count_after}]"
     ]
-    for heading, groups in (
-        ("Groups no longer tied (each was one tensor before the move):", report.broken),
-        (
-            "Groups newly tied (separate tensors before the move, one tensor after it):",
-            report.appeared,
-        ),
-    ):
-        if groups:
-            lines.append(heading)
-            lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in groups)
+    if report.broken:
+        lines.append("Groups no longer tied (each was one tensor before the move):")
+        lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in report.broken)
+    if report.appeared:
+        lines.append("Groups newly tied (separate tensors before the move, one tensor after it):")
+        lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in report.appeared)
     if not report.broken and not report.appeared:
         lines.append(
             "Every remembered group is tied and no new tie appeared, but the model now has a "

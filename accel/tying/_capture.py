@@ -16,12 +16,14 @@ writes in place without bumping the counter stays invisible.)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 import torch
 from torch import nn
 
 __all__ = [
+    "ModuleSlots",
     "Path",
     "RestorePoint",
     "SlotContents",
@@ -35,13 +37,13 @@ __all__ = [
 #: the model itself. The dotted string is built only where a name is needed.
 Path = tuple["Path", str] | None
 
-#: One module as captured: ``(module, path, parameters, buffers, submodules)``.
-_Slots = tuple[
+#: One module's slots: ``(module, path, parameters, buffers, submodules)``.
+ModuleSlots = tuple[
     nn.Module,
     Path,
-    dict[str, torch.Tensor | None],
-    dict[str, torch.Tensor | None],
-    dict[str, nn.Module | None],
+    Mapping[str, torch.Tensor | None],
+    Mapping[str, torch.Tensor | None],
+    Mapping[str, nn.Module | None],
 ]
 
 #: What a restore puts back of one Parameter: the Parameter, a ``detach()`` of it,
@@ -93,12 +95,12 @@ class SlotContents:
     __slots__ = ("_saved",)
 
     def __init__(self, model: nn.Module) -> None:
-        self._saved: list[_Slots] = [
+        self._saved: list[ModuleSlots] = [
             (m, path, dict(m._parameters), dict(m._buffers), dict(m._modules))
             for m, path in modules_with_paths(model)
         ]
 
-    def modules(self) -> list[_Slots]:
+    def modules(self) -> list[ModuleSlots]:
         """``(module, path, parameters, buffers, submodules)`` of each module, as captured."""
         return self._saved
 

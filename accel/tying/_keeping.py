@@ -41,7 +41,7 @@ class KeptMove:
     """The ties of one move that unties: remembered from the move's capture, then
     kept on the module the move returns."""
 
-    __slots__ = ("_before", "_kept", "_snapshot")
+    __slots__ = ("_before", "_snapshot")
 
     def __init__(self, before: SlotContents, *, hollow: bool) -> None:
         """Before the move (after every ``pre_move_hook``): the tie groups, derived from
@@ -54,8 +54,8 @@ class KeptMove:
             A failed move restores the slots.
         """
         self._before = before
+        #: The groups, on the module the move returned once :meth:`finish` ran.
         self._snapshot = TyingSnapshot._of_slots(before)
-        self._kept = self._snapshot  # the groups on the module the move returned
         if hollow:
             empty_duplicate_slots(list(self._snapshot.groups))
 
@@ -66,12 +66,11 @@ class KeptMove:
         returned in its place), run its ``tie_weights()``, keep the ties of before, and
         report by ``context.tie_check`` (see :func:`outcome`).
         """
-        snapshot = self._snapshot
         if moved is not model:
             found = counterparts(self._before, moved)
-            snapshot = _rebased(snapshot, found)
             self._refill_left_behind(found)
-        self._kept = snapshot
+            self._snapshot = _rebased(self._snapshot, found)
+        snapshot = self._snapshot
         report = snapshot.finish_move(moved)
         what = outcome(report, context.tie_check)
         if what != "error" and not report.kept_as_before:
@@ -84,7 +83,7 @@ class KeptMove:
     def still_held(self, moved: nn.Module, device: torch.device, context: MoveContext) -> None:
         """After every ``post_move_hook``: the ties kept are still the model's. A hook
         that broke or made one is reported by ``context.tie_check`` like the move."""
-        report = self._kept.check(moved)
+        report = self._snapshot.check(moved)
         hooks_note = "A post_move_hook changed the ties after accel had kept them."
         _tell(outcome(report, context.tie_check), report, device, lambda m: f"{m}\n{hooks_note}")
 
@@ -92,14 +91,22 @@ class KeptMove:
         """Give the slots hollowed out for the move back their tensors, in the modules
         of the captured model that its replacement does not hold (``found``: see
         :func:`counterparts`): the model the caller passed stays as it was."""
-        saved = {id(module): (p, b) for module, _, p, b, _ in self._before.modules()}
+        held = _captured_tensors(self._before)
         for group in self._snapshot.groups:
             for module, name, kind in group.slots:
                 if found.get(id(module)) is not module:
-                    parameters, buffers = saved[id(module)]
-                    _slot_dict(module, kind)[name] = (
-                        parameters if kind == "parameter" else buffers
-                    )[name]
+                    _slot_dict(module, kind)[name] = held[(id(module), name, kind)]
+
+
+def _captured_tensors(before: SlotContents) -> dict[tuple[int, str, str], torch.Tensor]:
+    """``(id(module), attribute, slot kind)`` -> the tensor in that slot in ``before``."""
+    return {
+        (id(module), name, kind): tensor
+        for module, _, parameters, buffers, _ in before.modules()
+        for kind, slots in (("parameter", parameters), ("buffer", buffers))
+        for name, tensor in slots.items()
+        if tensor is not None
+    }
 
 
 def _tell(
@@ -199,13 +206,7 @@ def _separate_appeared(model: nn.Module, snapshot: TyingSnapshot, before: SlotCo
     appeared = snapshot.check(model).appeared
     if not appeared:
         return False  # what differs is no new tie (reported as it is)
-    held = {
-        (id(module), name, kind): tensor
-        for module, _, parameters, buffers, _ in before.modules()
-        for kind, slots in (("parameter", parameters), ("buffer", buffers))
-        for name, tensor in slots.items()
-        if tensor is not None
-    }
+    held = _captured_tensors(before)
     for group in appeared:
         shared = group.tensors()[0]
         assert shared is not None  # found in the live slots just now; groups are disjoint
@@ -223,6 +224,5 @@ def _separate_appeared(model: nn.Module, snapshot: TyingSnapshot, before: SlotCo
                     if isinstance(original, nn.Parameter):
                         back = nn.Parameter(back, requires_grad=original.requires_grad)
                 again[id(original)] = back
-            slots = module._parameters if kind == "parameter" else module._buffers
-            slots[name] = back  # type: ignore[assignment]
+            _slot_dict(module, kind)[name] = back
     return snapshot.check(model).ok
