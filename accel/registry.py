@@ -29,6 +29,7 @@ from accel._registry.declarations import declared_specs, plugin_label
 from accel._registry.dispatch import Dispatcher
 from accel._registry.loading import EntryPointLoader
 from accel._registry.selection import Selector
+from accel._util.names import AUTO
 from accel.errors import PluginError
 from accel.markers import PROJECT_NAME
 from accel.plugins.torch_device import NO_PLUGIN, privateuse1_name, unclaimed_devices
@@ -150,6 +151,8 @@ class AcceleratorRegistry:
         # A run's first call into accel: from here on (loading plugins may take
         # seconds) a preemption signal is noted for the guard, not fatal.
         note_early_signals()
+        if name is None and not self._from_env:
+            name = AUTO
         return self._refreshed().select(name, tie_check)
 
     def distributed_backends(self, name: str) -> dict[str, str]:
@@ -227,13 +230,7 @@ class AcceleratorRegistry:
         if self._builtins:  # after every plugin: a plugin's own name takes precedence
             self._add_torch_devices()
         # Returned last: other threads wait on the lock until the registry is whole.
-        return Selector(
-            self._catalog,
-            self._dispatcher,
-            self._failures,
-            self._lock,
-            default_from_env=self._from_env,
-        )
+        return Selector(self._catalog, self._dispatcher, self._failures, self._lock)
 
     def _add_torch_devices(self) -> None:
         self._privateuse1 = privateuse1_name()

@@ -112,16 +112,14 @@ class Catalog:
         """The providers disputing ``name``; empty when it is not disputed."""
         return self._disputes.get(name, ())
 
-    def disputed_names(self, key: str) -> list[str]:
-        """The disputed names ``key`` (a name or alias) would select: itself, the
-        accelerators it selects, or the name it is a kept-out plugin's alias of."""
-        found = [key] if key in self._disputes else []
-        found += [name for name in self._claims.get(key, []) if name in self._disputes]
-        if key in self._alias_disputes:
-            found.append(self._alias_disputes[key])
-        return found
-
-    def dispute_error(self, name: str, requested: str, source: str = "") -> PluginError:
+    def dispute_error(self, key: str, requested: str, source: str) -> PluginError | None:
+        """What selecting ``key`` (a name or alias) raises if it would select a disputed
+        name: itself, one of the accelerators it selects, or the name it is a kept-out
+        plugin's alias of; ``None`` if it is not disputed."""
+        selects = [key, *self._claims.get(key, []), self._alias_disputes.get(key, "")]
+        name = next((name for name in selects if name in self._disputes), None)
+        if name is None:
+            return None
         providers = self._disputes[name]
         return PluginError(
             f"cannot select {requested!r}{source}: the name {name!r} is claimed by "

@@ -58,15 +58,7 @@ class Selector:
     """Selection over one registry's catalog, dispatcher and load failures (it owns
     none of them: the registry does, and changes them under ``lock``)."""
 
-    __slots__ = (
-        "_catalog",
-        "_default_from_env",
-        "_device_failures",
-        "_failures",
-        "_lock",
-        "_probed",
-        "dispatcher",
-    )
+    __slots__ = ("_catalog", "_device_failures", "_failures", "_lock", "_probed", "dispatcher")
 
     def __init__(
         self,
@@ -74,12 +66,7 @@ class Selector:
         dispatcher: Dispatcher,
         failures: list[PluginFailure],
         lock: threading.RLock,
-        *,
-        default_from_env: bool = True,
     ) -> None:
-        """:param default_from_env: whether no name means ``$ACCEL_ACCELERATOR`` (else
-        ``"auto"``)."""
-        self._default_from_env = default_from_env
         self._catalog = catalog
         #: The registry's hook dispatch.
         self.dispatcher = dispatcher
@@ -104,8 +91,6 @@ class Selector:
                 f"asked (registry=): pass the handle without a registry, or its name "
                 f"({name.name!r}) to this registry"
             )
-        if name is None and not self._default_from_env:
-            name = AUTO
         name, source = name_from_environment(name)
         try:
             base, index = parse_accelerator_name(name)
@@ -204,9 +189,9 @@ class Selector:
         with self._lock:
             candidates = self._catalog.candidates(base)
             # A name is disputed, and so is every alias of a disputed name.
-            disputed = self._catalog.disputed_names(base)
-            if disputed:
-                raise self._catalog.dispute_error(disputed[0], requested, source)
+            disputed = self._catalog.dispute_error(base, requested, source)
+            if disputed is not None:
+                raise disputed
             entries = [e for e in map(self._entry, candidates) if e is not None]
             # Only an unknown name needs these (the message lists them).
             known = [] if entries else sorted({*self._catalog.names(), AUTO})
