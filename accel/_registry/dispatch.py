@@ -20,7 +20,6 @@ from accel._core.hooks import AcceleratorHooks, blamed
 from accel._core.listing import (
     ACTION_HOOKS,
     FALLBACKS_NAME,
-    no_longer_registered,
     plain_implementers,
 )
 from accel._registry.declarations import check_hook_names
@@ -112,10 +111,8 @@ class Dispatcher:
             self._forget()
 
     def hooks(self, accelerator: str) -> AcceleratorHooks:
-        hooks = self._hooks.get(accelerator)
-        if hooks is None:  # unregistered by another thread since it was looked up
-            raise no_longer_registered(accelerator)
-        return hooks
+        """The hooks of a registered accelerator."""
+        return self._hooks[accelerator]
 
     # -- internals -------------------------------------------------------------------
 
@@ -125,8 +122,7 @@ class Dispatcher:
         argument names from the function itself, so a wrapper taking ``*args`` is
         called exactly as the function was."""
         for caller in self._manager.get_hookcallers(plugin) or []:
-            spec = caller.spec
-            firstresult = bool(spec is not None and spec.opts.get("firstresult"))
+            firstresult = bool(caller.spec is not None and caller.spec.opts.get("firstresult"))
             for impl in caller.get_hookimpls():
                 if impl.plugin is plugin:
                     # Final in pluggy's stubs, a plain slot at run time: pluggy calls

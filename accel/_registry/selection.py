@@ -114,19 +114,15 @@ class Selector:
 
     # -- snapshots: read under the lock, probed outside it ----------------------------
 
-    def _entry(self, registration: Registration) -> _Entry | None:
-        """Call with the lock held."""
+    def _entry(self, registration: Registration) -> _Entry:
+        """Call with the lock held: the registry changes its catalog and its dispatch
+        together under it, so a registration here has its hooks."""
         name = registration.spec.name
-        try:
-            hooks = self.dispatcher.hooks(name)
-        except AcceleratorNotFoundError:  # leaving: its hooks are gone already
-            return None
-        return _Entry(registration, hooks, self._catalog.disputed_by(name))
+        return _Entry(registration, self.dispatcher.hooks(name), self._catalog.disputed_by(name))
 
     def _ranked(self) -> list[_Entry]:
         with self._lock:
-            entries = [self._entry(r) for r in self._catalog.ranked()]
-        return [entry for entry in entries if entry is not None]
+            return [self._entry(r) for r in self._catalog.ranked()]
 
     def _unprobed(self, entry: _Entry) -> bool:
         """Whether listing and ``"auto"`` must leave ``entry`` unprobed: its probing
@@ -187,12 +183,11 @@ class Selector:
         """The accelerators ``base`` (a name or alias) selects, unprobed; an unknown or
         disputed name raises."""
         with self._lock:
-            candidates = self._catalog.candidates(base)
             # A name is disputed, and so is every alias of a disputed name.
             disputed = self._catalog.dispute_error(base, requested, source)
             if disputed is not None:
                 raise disputed
-            entries = [e for e in map(self._entry, candidates) if e is not None]
+            entries = [self._entry(r) for r in self._catalog.candidates(base)]
             # Only an unknown name needs these (the message lists them).
             known = [] if entries else sorted({*self._catalog.names(), AUTO})
             failures = [] if entries else list(self._failures)
