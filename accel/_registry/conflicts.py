@@ -38,10 +38,8 @@ def builtin_conflict_error(
 def warn_builtin_aliases(
     specs: list[AcceleratorSpec], dropped: list[Conflict], label: str, provider: str
 ) -> None:
-    holders: dict[str, list[str]] = {}
-    for conflict in dropped:
-        holders.setdefault(conflict.name, []).append(repr(conflict.holder.spec.name))
-    for name, held_by in holders.items():
+    for name in dict.fromkeys(conflict.name for conflict in dropped):
+        held_by = [repr(c.holder.spec.name) for c in dropped if c.name == name]
         claimant = next(s.name for s in specs if name in s.aliases)
         warn_at_caller(
             f"accel plugin {label!r} from {provider} declares the alias {name!r} for "
