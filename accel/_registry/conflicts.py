@@ -10,14 +10,13 @@ from accel.types import AcceleratorSpec
 
 __all__ = [
     "builtin_conflict_error",
-    "claiming_name",
     "conflict_error",
     "warn_builtin_aliases",
     "warn_disputed_alias",
 ]
 
 
-def claiming_name(conflict: Conflict, specs: list[AcceleratorSpec]) -> str:
+def _claiming_name(conflict: Conflict, specs: list[AcceleratorSpec]) -> str:
     return next(s.name for s in specs if conflict.name in (s.name, *s.aliases))
 
 
@@ -27,7 +26,7 @@ def builtin_conflict_error(
     holder = conflict.holder
     return PluginError(
         f"accelerator name {conflict.name!r} belongs to the built-in {holder.spec.name!r}; "
-        f"{claiming_name(conflict, specs)!r} from {provider} (plugin {label!r}) claims it too, so "
+        f"{_claiming_name(conflict, specs)!r} from {provider} (plugin {label!r}) claims it too, so "
         f"that plugin is not registered and the built-in keeps the name. Ask its authors "
         f"for a name of its own, or, registering in code, pass override=True to replace the "
         f"built-in on purpose.",
@@ -55,7 +54,7 @@ def warn_disputed_alias(
 ) -> None:
     warn_at_caller(
         f"accel plugin {label!r} from {provider} declares the alias {conflict.name!r} for "
-        f"{claiming_name(conflict, specs)!r}, but {conflict.holder.spec.name!r} from "
+        f"{_claiming_name(conflict, specs)!r}, but {conflict.holder.spec.name!r} from "
         f"{conflict.holder.provider} has it too; the alias now selects neither (selecting "
         f"it raises PluginError naming both), while their own names still work. Uninstall "
         f"one of them, or load only one with {PLUGINS_ENV}=DISTRIBUTION.",
@@ -77,7 +76,7 @@ def conflict_error(
     :param in_code: the second claimant is being registered in code, where installing
     and ``$ACCEL_PLUGINS`` are beside the point."""
     holder = conflict.holder
-    claimant = claiming_name(conflict, specs)
+    claimant = _claiming_name(conflict, specs)
     remedy = (
         "Give yours another name, or pass override=True to replace the built-in on purpose."
         if in_code and holder.provider == BUILTIN_PROVIDER

@@ -17,11 +17,7 @@ import pluggy
 
 from accel import hookspecs
 from accel._core.hooks import AcceleratorHooks, blamed
-from accel._core.listing import (
-    ACTION_HOOKS,
-    FALLBACKS_NAME,
-    plain_implementers,
-)
+from accel._core.listing import ACTION_HOOKS, FALLBACKS_NAME, plain_implementers
 from accel._registry.declarations import check_hook_names
 from accel.errors import PluginError
 from accel.markers import PROJECT_NAME

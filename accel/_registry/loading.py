@@ -18,11 +18,7 @@ from collections.abc import Callable, Iterable
 from importlib.metadata import EntryPoint
 from typing import Final
 
-from accel._util.names import (
-    DISABLE_AUTOLOAD_ENV,
-    PLUGINS_ENV,
-    normalize_distribution_name,
-)
+from accel._util.names import DISABLE_AUTOLOAD_ENV, PLUGINS_ENV, normalize_distribution_name
 from accel._util.warn import warn_at_caller
 from accel.errors import PluginError, PluginWarning
 from accel.types import PluginFailure
