@@ -28,7 +28,7 @@ from accel.tying._capture import (
     ModuleSlots,
     Path,
     SlotContents,
-    modules_with_paths,
+    live_slots,
     qualified_name,
 )
 
@@ -91,14 +91,12 @@ def find_tied_parameters(model: nn.Module, *, buffers: bool = True) -> list[Tied
 
 # A slot during the scan: (module, attribute, kind, path of the module).
 _Slot = tuple["nn.Module", str, SlotKind, Path]
+_Registry = Mapping[str, "torch.Tensor | None"]
 
 
 def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
     """One pass over the model's live slots: its tied groups and its unique parameter count."""
-    entries = [
-        (m, path, m._parameters, m._buffers, m._modules) for m, path in modules_with_paths(model)
-    ]
-    return _scan_entries(entries, buffers)
+    return _scan_entries(live_slots(model), buffers)
 
 
 def _scan_entries(entries: Iterable[ModuleSlots], buffers: bool) -> tuple[list[TiedGroup], int]:
@@ -112,24 +110,26 @@ def _scan_entries(entries: Iterable[ModuleSlots], buffers: bool) -> tuple[list[T
     # which their tensors were first seen; most tensors never need a list.
     slots_by_tensor: dict[int, _Slot | list[_Slot]] = {}
     remember = slots_by_tensor.setdefault
+
+    def add(module: nn.Module, path: Path, kind: SlotKind, registry: _Registry) -> None:
+        for name, tensor in registry.items():
+            if tensor is not None:
+                slot: _Slot = (module, name, kind, path)
+                seen = remember(id(tensor), slot)
+                if type(seen) is list:
+                    seen.append(slot)
+                elif seen is not slot:
+                    slots_by_tensor[id(tensor)] = [seen, slot]  # type: ignore[list-item]
+
     for module, path, parameters, module_buffers, _ in entries:
-        registries: tuple[tuple[SlotKind, Mapping[str, torch.Tensor | None]], ...] = (
-            ("parameter", parameters),
-            ("buffer", module_buffers if buffers else {}),
-        )
-        for kind, registry in registries:
-            for name, tensor in registry.items():
-                if tensor is not None:
-                    slot: _Slot = (module, name, kind, path)
-                    seen = remember(id(tensor), slot)
-                    if isinstance(seen, list):
-                        seen.append(slot)
-                    elif seen is not slot:
-                        slots_by_tensor[id(tensor)] = [seen, slot]
+        if parameters:
+            add(module, path, "parameter", parameters)
+        if buffers and module_buffers:
+            add(module, path, "buffer", module_buffers)
     groups = []
     parameter_count = 0  # tensors in at least one parameter slot
     for found in slots_by_tensor.values():
-        if not isinstance(found, list):
+        if type(found) is not list:
             parameter_count += found[2] == "parameter"
             continue
         is_parameter = any(slot[2] == "parameter" for slot in found)
@@ -174,7 +174,14 @@ def _fill_duplicate_slots(groups: list[TiedGroup], *, empty: bool) -> None:
 
 def count_unique_parameters(model: nn.Module) -> int:
     """The number of distinct Parameter objects in ``model`` (its "layer count")."""
-    return _scan(model, buffers=False)[1]
+    return len(
+        {
+            id(parameter)
+            for _, _, parameters, _, _ in live_slots(model)
+            for parameter in parameters.values()
+            if parameter is not None
+        }
+    )
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ __all__ = [
     "RestorePoint",
     "SlotContents",
     "counterparts",
-    "modules_with_paths",
+    "live_slots",
     "qualified_name",
 ]
 
@@ -64,10 +64,11 @@ def qualified_name(path: Path, name: str) -> str:
     return ".".join(reversed(parts))
 
 
-def modules_with_paths(model: nn.Module) -> list[tuple[nn.Module, Path]]:
-    """Every module of ``model`` with its path, in the order and under the names of
-    ``named_modules()`` (a module registered twice once, under its first path)."""
-    found: list[tuple[nn.Module, Path]] = []
+def live_slots(model: nn.Module) -> list[ModuleSlots]:
+    """Every module of ``model`` with its path and its own slot registries (live, not
+    copies), in the order and under the names of ``named_modules()`` (a module
+    registered twice once, under its first path)."""
+    found: list[ModuleSlots] = []
     visited: set[int] = set()
     stack: list[tuple[nn.Module, Path]] = [(model, None)]
     while stack:
@@ -75,10 +76,12 @@ def modules_with_paths(model: nn.Module) -> list[tuple[nn.Module, Path]]:
         if id(module) in visited:
             continue
         visited.add(id(module))
-        found.append((module, path))
+        # The instance dict once: three lookups through a deep class hierarchy cost more.
+        registries = module.__dict__
+        children = registries["_modules"]
+        found.append((module, path, registries["_parameters"], registries["_buffers"], children))
         # Reversed, so the first child is popped first: the order of named_modules().
-        # The instance dict: attribute lookups through a deep class hierarchy cost more.
-        for name, child in reversed(module.__dict__["_modules"].items()):
+        for name, child in reversed(children.items()):
             if child is not None:
                 stack.append((child, (path, name)))
     return found
@@ -86,7 +89,7 @@ def modules_with_paths(model: nn.Module) -> list[tuple[nn.Module, Path]]:
 
 class SlotContents:
     """Every module's parameter, buffer and submodule slots at one moment, with each
-    module's path (see :func:`modules_with_paths`).
+    module's path (see :func:`live_slots`).
 
     Holds references, never copies of tensors: :meth:`restore` puts the very same
     objects back, so whatever was in a slot keeps its values.
@@ -96,8 +99,8 @@ class SlotContents:
 
     def __init__(self, model: nn.Module) -> None:
         self._saved: list[ModuleSlots] = [
-            (m, path, dict(m._parameters), dict(m._buffers), dict(m._modules))
-            for m, path in modules_with_paths(model)
+            (module, path, dict(parameters), dict(buffers), dict(submodules))
+            for module, path, parameters, buffers, submodules in live_slots(model)
         ]
 
     def modules(self) -> list[ModuleSlots]:
@@ -302,10 +305,8 @@ def _add_running_statistics(slots: SlotContents, changed: set[int]) -> None:
     for _, _, _, buffers, _ in slots.modules():
         counter = buffers.get("num_batches_tracked")
         if counter is not None and id(counter) in changed:
-            for name in ("running_mean", "running_var"):
-                statistic = buffers.get(name)
-                if statistic is not None:
-                    changed.add(id(statistic))
+            statistics = (buffers.get("running_mean"), buffers.get("running_var"))
+            changed.update(id(statistic) for statistic in statistics if statistic is not None)
 
 
 def _names_of(model: nn.Module, tensor_ids: set[int]) -> list[str]:

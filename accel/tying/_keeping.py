@@ -70,13 +70,12 @@ class KeptMove:
             found = counterparts(self._before, moved)
             self._refill_left_behind(found)
             self._snapshot = _rebased(self._snapshot, found)
-        snapshot = self._snapshot
-        report = snapshot.finish_move(moved)
+        report = self._snapshot.finish_move(moved)
         what = outcome(report, context.tie_check)
         if what != "error" and not report.kept_as_before:
             # The move goes ahead: with the ties of before, whatever made the new ones (a
             # plugin's move tying slots re-tying cannot separate), and with their values.
-            kept = _separate_appeared(moved, snapshot, self._before)
+            kept = _separate_appeared(moved, self._snapshot, self._before)
             report = replace(report, kept_as_before=kept)
         _tell(what, report, device, lambda message: _blaming(message, report, context))
 
