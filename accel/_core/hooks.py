@@ -118,7 +118,7 @@ class AcceleratorHooks:
     def model_to_device(
         self, model: nn.Module, device: torch.device, context: MoveContext
     ) -> nn.Module:
-        moved, who = self._call("model_to_device", model=model, device=device, context=context)
+        moved, who = self._first("model_to_device", model=model, device=device, context=context)
         if who != FALLBACKS_NAME:  # a plugin moved it (None: one of them, pluggy ran it)
             context.notes[MOVED_BY_NOTE] = self.describe(who, "model_to_device")
         if not isinstance(moved, nn.Module):
@@ -131,7 +131,7 @@ class AcceleratorHooks:
         self._call("post_move_hook", model=model, device=device, context=context)
 
     def batch_to_device(self, batch: Any, device: torch.device) -> Any:
-        return self._call("batch_to_device", batch=batch, device=device)[0]
+        return self._call("batch_to_device", batch=batch, device=device)
 
     # -- the training step --------------------------------------------------------
 
@@ -159,7 +159,7 @@ class AcceleratorHooks:
         norm_type: float,
         device: torch.device,
     ) -> torch.Tensor:
-        norm, who = self._call(
+        norm, who = self._first(
             "clip_grad_norm_",
             parameters=parameters,
             max_norm=max_norm,
@@ -181,7 +181,7 @@ class AcceleratorHooks:
         )
 
     def compile_backend(self, device: torch.device) -> str | Callable[..., Any]:
-        backend, who = self._call("compile_backend", device=device)
+        backend, who = self._first("compile_backend", device=device)
         if not (isinstance(backend, str) and backend) and not callable(backend):
             raise self._bad(
                 "compile_backend",
@@ -216,7 +216,7 @@ class AcceleratorHooks:
     def device_loader(
         self, loader: Iterable[Any], device: torch.device, move: Callable[[Any], Any]
     ) -> Iterable[Any]:
-        batches, who = self._call("device_loader", loader=loader, device=device, move=move)
+        batches, who = self._first("device_loader", loader=loader, device=device, move=move)
         if not isinstance(batches, Iterable):
             raise self._bad(
                 "device_loader", f"returned {type(batches).__name__}, not an iterable", who
@@ -230,14 +230,14 @@ class AcceleratorHooks:
         self._call("save", obj=obj, path=path)
 
     def load(self, path: str | os.PathLike[str]) -> Any:
-        return self._call("load", path=path)[0]
+        return self._call("load", path=path)
 
     def restore_to_device(self, tensors: list[torch.Tensor], device: torch.device) -> Any:
         problem = partial(restored_tensors_problem, tensors, device=device)
         return self._vetted("restore_to_device", problem, tensors=tensors, device=device)
 
     def rng_state(self, device: torch.device) -> Any:
-        return self._call("rng_state", device=device)[0]
+        return self._call("rng_state", device=device)
 
     def set_rng_state(self, state: Any, device: torch.device) -> None:
         self._call("set_rng_state", state=state, device=device)
@@ -269,25 +269,26 @@ class AcceleratorHooks:
 
     # -- calling ----------------------------------------------------------------------
 
-    def _call(self, hook_name: str, **kwargs: Any) -> tuple[Any, str | None]:
-        """Call the hook through pluggy's own loop with this accelerator's hooks: its
-        answer, and for a first-result hook the plugin that gave it (``None``: nobody
-        answered, or a plugin's wrapper may have changed the answer)."""
+    def _call(self, hook_name: str, **kwargs: Any) -> Any:
+        """Call the hook through pluggy's own loop with this accelerator's hooks."""
         call = self._calls.get(hook_name) or self._build(hook_name)
         kwargs["accelerator"] = self.name
         try:
-            result = call.execute(hook_name, call.implementations, kwargs, call.firstresult)
+            return call.execute(hook_name, call.implementations, kwargs, call.firstresult)
         except Exception as exc:
             if not self._alive:  # the plugin left: the call may have reached the fallbacks
                 raise no_longer_registered(self.name) from exc
             raise
-        if result is None or call.has_wrapper:
-            return result, None
-        return result, getattr(_answered, "who", None)
+
+    def _first(self, hook_name: str, **kwargs: Any) -> tuple[Any, str | None]:
+        """A first-result hook's answer, and the plugin that gave it (``None``: nobody
+        answered, or a plugin's wrapper ran around the answer and may have changed it)."""
+        result = self._call(hook_name, **kwargs)
+        return result, None if result is None else getattr(_answered, "who", None)
 
     def _context(self, hook_name: str, **kwargs: Any) -> AbstractContextManager[Any]:
         """A first-result hook's answer, checked to be a context manager."""
-        context, who = self._call(hook_name, **kwargs)
+        context, who = self._first(hook_name, **kwargs)
         if not (hasattr(context, "__enter__") and hasattr(context, "__exit__")):
             raise self._bad(
                 hook_name, f"returned {type(context).__name__}, not a context manager", who
@@ -296,14 +297,14 @@ class AcceleratorHooks:
 
     def _expect(self, hook_name: str, expected: type[_T], **kwargs: Any) -> _T:
         """A first-result hook's answer, checked to be an ``expected`` (bool is no int)."""
-        result, who = self._call(hook_name, **kwargs)
+        result, who = self._first(hook_name, **kwargs)
         if isinstance(result, expected) and not (isinstance(result, bool) and expected is int):
             return result
         raise self._bad(hook_name, f"returned {shown(result)}; expected {expected.__name__}", who)
 
     def _vetted(self, hook_name: str, problem: Callable[[Any], str | None], **kwargs: Any) -> Any:
         """A first-result hook's answer, unless ``problem`` finds it wrong (then raised)."""
-        result, who = self._call(hook_name, **kwargs)
+        result, who = self._first(hook_name, **kwargs)
         if (found := problem(result)) is not None:
             raise self._bad(hook_name, found, who)
         return result
@@ -353,7 +354,9 @@ def blamed(
     firstresult: bool,
 ) -> Callable[..., Any]:
     """``impl``'s function, naming its plugin on what it raises (an exception note)
-    and recording it as the answerer of a first-result hook (read by ``_call``)."""
+    and recording it as the answerer of a first-result hook (read by ``_first``): a
+    plain implementation that answered, or, for a wrapper, nobody (it may have changed
+    the answer)."""
     function = impl.function
     name = impl.plugin_name
 
@@ -361,10 +364,12 @@ def blamed(
 
         def wrapper(*args: Any) -> Generator[Any, Any, Any]:
             try:
-                return (yield from cast("Generator[Any, Any, Any]", function(*args)))
+                result = yield from cast("Generator[Any, Any, Any]", function(*args))
             except Exception as exc:  # an inner implementation's is noted already
                 note_blame(exc, hook_name, name, provider_of(name))
                 raise
+            _answered.who = None
+            return result
 
         return wrapper
 

@@ -51,8 +51,6 @@ class HookCall(NamedTuple):
     #: taking the hook's name, the implementations (called last to first), the call's
     #: arguments and whether it stops at the first result.
     execute: Callable[..., Any]
-    #: A plugin's wrapper is among the implementations: it may change the answer.
-    has_wrapper: bool
     #: accel's fallback is the only implementation.
     fallback_only: bool
 
@@ -91,9 +89,6 @@ def hook_call(manager: pluggy.PluginManager, hook_name: str, foreign: Iterable[o
         implementations=implementations,
         firstresult=bool(caller.spec and caller.spec.opts.get("firstresult")),
         execute=manager._hookexec,
-        has_wrapper=any(
-            not _is_plain(impl) and impl.plugin_name != FALLBACKS_NAME for impl in implementations
-        ),
         fallback_only=all(impl.plugin_name == FALLBACKS_NAME for impl in implementations),
     )
 
