@@ -176,9 +176,7 @@ class AcceleratorHooks:
         return self._context("no_sync", model=model, enabled=enabled, device=device)
 
     def grad_scaler(self, device: torch.device, options: dict[str, Any]) -> torch.amp.GradScaler:
-        return self._vetted(  # type: ignore[no-any-return]
-            "grad_scaler", scaler_problem, device=device, options=options
-        )
+        return self._vetted("grad_scaler", scaler_problem, device=device, options=options)  # type: ignore[no-any-return]
 
     def compile_backend(self, device: torch.device) -> str | Callable[..., Any]:
         backend, who = self._first("compile_backend", device=device)
@@ -296,9 +294,9 @@ class AcceleratorHooks:
         return context  # type: ignore[no-any-return]
 
     def _expect(self, hook_name: str, expected: type[_T], **kwargs: Any) -> _T:
-        """A first-result hook's answer, checked to be an ``expected`` (bool is no int)."""
+        """A first-result hook's answer, checked to be an ``expected``."""
         result, who = self._first(hook_name, **kwargs)
-        if isinstance(result, expected) and not (isinstance(result, bool) and expected is int):
+        if isinstance(result, expected):
             return result
         raise self._bad(hook_name, f"returned {shown(result)}; expected {expected.__name__}", who)
 
@@ -325,11 +323,9 @@ class AcceleratorHooks:
         with self._lock:
             if not self._alive:
                 raise no_longer_registered(self.name)
-            call = self._calls.get(hook_name)
-            if call is None:
-                call = hook_call(self._manager, hook_name, self._foreign())
-                self._calls[hook_name] = call
-            return call
+            if hook_name not in self._calls:
+                self._calls[hook_name] = hook_call(self._manager, hook_name, self._foreign())
+            return self._calls[hook_name]
 
     # -- kept in step with the registry by the dispatcher (under its lock) ----------
 
