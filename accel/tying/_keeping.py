@@ -68,7 +68,13 @@ class KeptMove:
         """
         if moved is not model:
             found = counterparts(self._before, moved)
-            self._refill_left_behind(found)
+            # The captured model's modules the replacement does not hold get back what
+            # was hollowed out for the move: the model the caller passed stays as it was.
+            held = _captured_tensors(self._before)
+            for group in self._snapshot.groups:
+                for module, name, kind in group.slots:
+                    if found.get(id(module)) is not module:
+                        _slot_dict(module, kind)[name] = held[(id(module), name, kind)]
             self._snapshot = _rebased(self._snapshot, found)
         report = self._snapshot.finish_move(moved)
         what = outcome(report, context.tie_check)
@@ -85,16 +91,6 @@ class KeptMove:
         report = self._snapshot.check(moved)
         hooks_note = "A post_move_hook changed the ties after accel had kept them."
         _tell(outcome(report, context.tie_check), report, device, lambda m: f"{m}\n{hooks_note}")
-
-    def _refill_left_behind(self, found: dict[int, nn.Module]) -> None:
-        """Give the slots hollowed out for the move back their tensors, in the modules
-        of the captured model that its replacement does not hold (``found``: see
-        :func:`counterparts`): the model the caller passed stays as it was."""
-        held = _captured_tensors(self._before)
-        for group in self._snapshot.groups:
-            for module, name, kind in group.slots:
-                if found.get(id(module)) is not module:
-                    _slot_dict(module, kind)[name] = held[(id(module), name, kind)]
 
 
 def _captured_tensors(before: SlotContents) -> dict[tuple[int, str, str], torch.Tensor]:
