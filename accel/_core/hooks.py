@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, final
 import torch
 from torch import nn
 
-from accel._core.compiling import runnable_backend
 from accel._core.listing import (
     FALLBACKS_NAME,
     HookCall,
@@ -31,13 +30,14 @@ from accel._core.listing import (
     index_error,
     no_longer_registered,
     note_blame,
-    scaler_problem,
     shown,
 )
 from accel._util.notes import REPORT_TO_AUTHORS
 from accel.errors import PluginError
+from accel.training._compiling import runnable_backend
 from accel.training.checkpoint._restoring import restored_tensors_problem
 from accel.training.memory import memory_stats_problem
+from accel.training.step import scaler_problem
 from accel.tying._keeping import MOVED_BY_NOTE
 from accel.types import Availability, MemoryStats, MoveContext
 

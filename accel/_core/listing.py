@@ -23,7 +23,6 @@ __all__ = [
     "no_longer_registered",
     "note_blame",
     "plain_implementers",
-    "scaler_problem",
     "shown",
 ]
 
@@ -116,18 +115,6 @@ def count_problem(count: object) -> str | None:
         return f"returned {shown(count)}; expected int"
     if count < 0:
         return f"returned {count}; a device count cannot be negative"
-    return None
-
-
-def scaler_problem(scaler: object) -> str | None:
-    """What is wrong with a ``grad_scaler`` answer, or ``None``."""
-    missing = [
-        name
-        for name in ("scale", "unscale_", "step", "update")
-        if not callable(getattr(scaler, name, None))
-    ]
-    if missing:
-        return f"returned {type(scaler).__name__}, not a GradScaler (no {', '.join(missing)})"
     return None
 
 

@@ -121,7 +121,7 @@ def unchanged_by_torch_move(model: nn.Module, device: torch.device) -> bool:
     ):
         return False
     parameter_type = torch.nn.Parameter
-    # An inline walk rather than each_module: a generator doubles this check's cost.
+    # An inline walk rather than a generator over the modules, which doubles its cost.
     visited: set[int] = set()
     stack: list[nn.Module | None] = [model]
     while stack:

@@ -187,12 +187,24 @@ def checked_scaler(scaler: object, what: str) -> None:
     :param what: who was handed it, for the message (``"optimizer_step(scaler=...)"``).
     :raises TypeError: ``scaler`` lacks one of the methods.
     """
-    missing = [name for name in _SCALER_METHODS if not callable(getattr(scaler, name, None))]
+    missing = _missing_scaler_methods(scaler)
     if missing:
         raise AcceleratorTypeError(
             f"{what} expects a torch.amp.GradScaler (from acc.grad_scaler()) or None, got "
             f"{type(scaler).__name__}, which has no {', '.join(missing)}"
         )
+
+
+def scaler_problem(scaler: object) -> str | None:
+    """What is wrong with a ``grad_scaler`` hook's answer, or ``None``."""
+    missing = _missing_scaler_methods(scaler)
+    if missing:
+        return f"returned {type(scaler).__name__}, not a GradScaler (no {', '.join(missing)})"
+    return None
+
+
+def _missing_scaler_methods(scaler: object) -> list[str]:
+    return [name for name in _SCALER_METHODS if not callable(getattr(scaler, name, None))]
 
 
 def unwrap_compiled(model: nn.Module) -> nn.Module:

@@ -247,7 +247,7 @@ GUARDED_IMPORTS = {
     ("accel.training.step", "torch.distributed.tensor"),
     # Asked only where the answer is needed: inductor's device backends, when compiling
     # on a device type other than torch's own.
-    ("accel._core.compiling", "torch._inductor.codegen"),
+    ("accel.training._compiling", "torch._inductor.codegen"),
 }
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import accel
-from accel._core import compiling
+from accel.training import _compiling as compiling
 from helpers import python_device
 from helpers.models import TiedLM
 from helpers.processes import last_json_line, run_python
