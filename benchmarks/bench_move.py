@@ -1,15 +1,15 @@
 """What a CPU move pays for being safe: the per-model lock and the restore point.
 
-``acc.model_to_device(model)`` on the ``cpu`` accelerator (the built-ins registered,
-so the TPU plugin's tie guard's cheap checks run too) against a bare
+``acc.model_to_device(model, optimizer=...)`` on the ``cpu`` accelerator against a bare
 ``model.to("cpu")``, which for a model already on the CPU copies nothing: so the
-difference is accel's whole fixed cost per move, the worst case for it. Beside them,
-the two parts this cost is made of that run on every move: taking the model's move
-lock, the restore point (references, version counters, ``mark_moved``), and the check
-whether the move enters or leaves an untying accelerator's device type (a set read while
-no handle of one exists; with one, the walk of the model it costs then), and, with
-``--before FILE``, the restore point of an earlier ``accel/_core/transaction.py``
-(``git show REV:accel/_core/transaction.py > FILE``) for comparison.
+difference is accel's whole fixed cost per move, the worst case for it (with an
+optimizer to follow, the move takes its capture; without one, a model already in place
+takes none). Beside them, the parts that cost is made of: taking the model's move lock,
+the restore point (references, version counters, ``mark_moved``), and torch's rule
+whether the move unties (``move_unties``: one cached answer per pair of device types, so
+a CPU <-> CPU or CPU <-> CUDA move never enters tying code), and, with ``--before
+FILE``, the restore point of an earlier ``accel/tying/_capture.py`` (``git show
+REV:accel/tying/_capture.py > FILE``) for comparison.
 
 Run through ``bash benchmarks/run move``; alone: ``python benchmarks/bench_move.py``.
 """
@@ -25,35 +25,18 @@ import torch
 from _harness import compare_per_call, environment_line, fmt_ratio, fmt_us, print_table, verdict
 
 import accel
-from accel._core.moving import _move_lock, _move_unties
-from accel._core.transaction import RestorePoint
+from accel._core.moving import _move_lock, move_unties
+from accel.tying._capture import RestorePoint
 
 #: The lock may cost at most this much per move.
 LOCK_GOAL_S = 1e-6
-#: So may the untying check while no untying accelerator's handle exists (a CPU <->
-#: CUDA move pays nothing: no walk of the model).
+#: So may torch's rule once its answer for the pair of device types is cached.
 UNTYING_CHECK_GOAL_S = 1e-6
-
-
-class _UntyingAccelerator:
-    """An accelerator declaring ``unties_weights``: once its handle exists, the
-    registry's moves look for tensors on its device type."""
-
-    @accel.hookimpl
-    def register_accelerators(self) -> list[accel.AcceleratorSpec]:
-        return [accel.AcceleratorSpec("untying", unties_weights=True)]
-
-    @accel.hookimpl
-    def is_available(self) -> accel.Availability:
-        return accel.Availability(True, auto=False)
-
-    @accel.hookimpl
-    def get_device(self) -> torch.device:
-        return torch.device("privateuseone", 0)
+RULE = "torch's rule, CPU -> CPU"
 
 
 def _earlier_restore_point(path: str) -> type:
-    spec = importlib.util.spec_from_file_location("earlier_transaction", path)
+    spec = importlib.util.spec_from_file_location("earlier_capture", path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -65,7 +48,7 @@ def _earlier_restore_point(path: str) -> type:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--before", help="an earlier accel/_core/transaction.py")
+    parser.add_argument("--before", help="an earlier accel/tying/_capture.py")
     args = parser.parse_args()
     print(environment_line(torch=torch.__version__, accel=accel.__version__))
     cpu = accel.AcceleratorRegistry(entry_points=None).get_accelerator("cpu")
@@ -81,22 +64,17 @@ def main() -> None:
         RestorePoint(model).mark_moved()
 
     cpu_device = torch.device("cpu")
-    with_untying = accel.AcceleratorRegistry(entry_points=None)
-    with_untying.register(_UntyingAccelerator())
-    with_untying.get_accelerator("untying")  # its device type is learned
-    learned = with_untying.get_accelerator("cpu")
-
+    samples = {"cpu": next(model.parameters())}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     candidates = {
         "bare model.to('cpu')": lambda: model.to("cpu"),
         "acc.model_to_device(model)": lambda: cpu.model_to_device(model),
+        "acc.model_to_device(model, optimizer=...)": lambda: cpu.model_to_device(
+            model, optimizer=optimizer
+        ),
         "the move lock alone": lock_only,
         "the restore point alone": restore_point,
-        "the untying check, none learned": lambda: _move_unties(
-            cpu._hooks, cpu.spec, cpu_device, model
-        ),
-        "the untying check, one learned": lambda: _move_unties(
-            learned._hooks, learned.spec, cpu_device, model
-        ),
+        RULE: lambda: move_unties(samples, cpu_device),
     }
     if args.before:
         earlier = _earlier_restore_point(args.before)
@@ -111,10 +89,8 @@ def main() -> None:
         [
             f"the lock: {fmt_us(times['the move lock alone'])} per move, goal "
             f"≤ {fmt_us(LOCK_GOAL_S)}: {verdict(times['the move lock alone'] <= LOCK_GOAL_S)}",
-            f"the untying check with no untying handle: "
-            f"{fmt_us(times['the untying check, none learned'])} per move, goal "
-            f"≤ {fmt_us(UNTYING_CHECK_GOAL_S)}: "
-            f"{verdict(times['the untying check, none learned'] <= UNTYING_CHECK_GOAL_S)}",
+            f"torch's rule, CPU -> CPU: {fmt_us(times[RULE])} per move, goal "
+            f"≤ {fmt_us(UNTYING_CHECK_GOAL_S)}: {verdict(times[RULE] <= UNTYING_CHECK_GOAL_S)}",
         ],
     )
 

@@ -39,8 +39,8 @@ from _harness import (
 )
 
 import accel
-from accel._core.transaction import RestorePoint
 from accel.tying import TyingSnapshot
+from accel.tying._capture import RestorePoint
 
 ROUNDS = int(os.environ.get("BENCH_XLA_ROUNDS", "9"))
 GOAL_RATIO = 1.05
