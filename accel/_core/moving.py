@@ -234,7 +234,9 @@ def _restored_note(device: torch.device, unrestored: list[str]) -> str:
 # (a WeakKeyDictionary) so that a model with its own __eq__/__hash__ works too; the
 # weak reference's callback drops the entry before the id can be reused.
 _MOVE_LOCKS: dict[int, tuple[weakref.ref[nn.Module], threading.RLock]] = {}
-_MOVE_LOCKS_GUARD = threading.Lock()
+# Re-entrant: a collection may run inside the guarded block (any allocation can start
+# one) and call _forget_lock for another model on the same thread.
+_MOVE_LOCKS_GUARD = threading.RLock()
 
 
 def _move_lock(model: nn.Module) -> threading.RLock:
@@ -243,6 +245,9 @@ def _move_lock(model: nn.Module) -> threading.RLock:
     Re-entrant: a hook may move the same model again from the same thread.
     """
     key = id(model)
+    entry = _MOVE_LOCKS.get(key)  # the common case, without the guard
+    if entry is not None and entry[0]() is model:
+        return entry[1]
     with _MOVE_LOCKS_GUARD:
         entry = _MOVE_LOCKS.get(key)
         if entry is None or entry[0]() is not model:

@@ -375,6 +375,29 @@ def test_the_move_lock_goes_with_its_model(registry: accel.AcceleratorRegistry) 
     assert key not in moving._MOVE_LOCKS
 
 
+def test_a_model_collected_inside_the_move_locks_guard_does_not_deadlock() -> None:
+    """A model freed by the cyclic collector has its lock entry dropped by a weakref
+    callback, and a collection can start at any allocation: inside the guard of
+    another model's first move too, on the same thread (this once hung a test run)."""
+    from accel._core import moving
+
+    doomed = TiedLM()
+    moving._move_lock(doomed)
+    key = id(doomed)
+    reference = moving._MOVE_LOCKS[key][0]
+    done = threading.Event()
+
+    def collected_inside_the_guard() -> None:
+        with moving._MOVE_LOCKS_GUARD:
+            moving._forget_lock(key, reference)  # what the collection would call
+        done.set()
+
+    thread = threading.Thread(target=collected_inside_the_guard, daemon=True)
+    thread.start()
+    assert done.wait(JOIN_TIMEOUT_S), "the weakref callback deadlocked on the guard"
+    assert key not in moving._MOVE_LOCKS
+
+
 class MoveOverlap:
     """A cross-cutting plugin that makes every move wait a little inside its hook and
     records, per model, how many moves of it were in flight at once."""
