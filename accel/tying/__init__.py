@@ -111,29 +111,40 @@ def _scan_entries(entries: Iterable[ModuleSlots], buffers: bool) -> tuple[list[T
     slots_by_tensor: dict[int, _Slot | list[_Slot]] = {}
     remember = slots_by_tensor.setdefault
 
-    def add(module: nn.Module, path: Path, kind: SlotKind, registry: _Registry) -> None:
-        for name, tensor in registry.items():
-            if tensor is not None:
-                slot: _Slot = (module, name, kind, path)
-                seen = remember(id(tensor), slot)
-                if type(seen) is list:
-                    seen.append(slot)
-                elif seen is not slot:
-                    slots_by_tensor[id(tensor)] = [seen, slot]  # type: ignore[list-item]
-
+    # Two loops written out, not a helper per registry: a call per module, or a tuple
+    # of registries built per module, is a large share of a scan's cost.
+    parameter_count = 0  # tensors first seen in a parameter slot (buffers: see below)
+    tied = False
     for module, path, parameters, module_buffers, _ in entries:
         if parameters:
-            add(module, path, "parameter", parameters)
+            for name, tensor in parameters.items():
+                if tensor is not None:
+                    slot: _Slot = (module, name, "parameter", path)
+                    seen = remember(id(tensor), slot)
+                    if seen is slot:
+                        parameter_count += 1
+                    elif type(seen) is list:
+                        seen.append(slot)
+                    else:
+                        slots_by_tensor[id(tensor)] = [seen, slot]  # type: ignore[list-item]
+                        tied = True
         if buffers and module_buffers:
-            add(module, path, "buffer", module_buffers)
+            for name, tensor in module_buffers.items():
+                if tensor is not None:
+                    slot = (module, name, "buffer", path)
+                    seen = remember(id(tensor), slot)
+                    if type(seen) is list:
+                        seen.append(slot)
+                    elif seen is not slot:
+                        slots_by_tensor[id(tensor)] = [seen, slot]  # type: ignore[list-item]
+                        tied = True
     groups = []
-    parameter_count = 0  # tensors in at least one parameter slot
-    for found in slots_by_tensor.values():
+    for found in slots_by_tensor.values() if tied else ():
         if type(found) is not list:
-            parameter_count += found[2] == "parameter"
             continue
         is_parameter = any(slot[2] == "parameter" for slot in found)
-        parameter_count += is_parameter
+        # A parameter first seen in a buffer slot (rare) was not counted above.
+        parameter_count += is_parameter and found[0][2] == "buffer"
         groups.append(
             TiedGroup(
                 "parameter" if is_parameter else "buffer",

@@ -71,19 +71,21 @@ def live_slots(model: nn.Module) -> list[ModuleSlots]:
     found: list[ModuleSlots] = []
     visited: set[int] = set()
     stack: list[tuple[nn.Module, Path]] = [(model, None)]
+    pop, push, add = stack.pop, stack.append, found.append  # bound once: read per module
     while stack:
-        module, path = stack.pop()
+        module, path = pop()
         if id(module) in visited:
             continue
         visited.add(id(module))
         # The instance dict once: three lookups through a deep class hierarchy cost more.
         registries = module.__dict__
         children = registries["_modules"]
-        found.append((module, path, registries["_parameters"], registries["_buffers"], children))
-        # Reversed, so the first child is popped first: the order of named_modules().
-        for name, child in reversed(children.items()):
-            if child is not None:
-                stack.append((child, (path, name)))
+        add((module, path, registries["_parameters"], registries["_buffers"], children))
+        if children:  # most modules are leaves: no reversed() to build for them
+            # Reversed, so the first child is popped first: the order of named_modules().
+            for name, child in reversed(children.items()):
+                if child is not None:
+                    push((child, (path, name)))
     return found
 
 
