@@ -4,6 +4,7 @@ started: the tasks whose results the promises of :mod:`._distributed` compare.""
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -84,21 +85,34 @@ def no_sync_task(rank: int, acc: Any) -> dict[str, Any]:
     return found
 
 
-#: Seconds rank 0 waits before it saves: a rank 1 that writes (or returns before the
-#: file is complete) then shows in what it reads back right after its own save.
+#: Seconds rank 0's write takes (its object is slow to store): a rank 1 that writes, or
+#: returns before the file is complete, then shows in what it reads back right after its
+#: own save. The wait is inside the write: the save's collective before the write (every
+#: rank's generators) lines both ranks up, so a wait before the save hid nothing.
 SAVE_DELAY_S = 1.0
 
 
-def save_task(rank: int, acc: Any, workdir: Path) -> dict[str, torch.Tensor]:
-    """Both ranks save to one path, each its own rank number; each reads the file back
-    as soon as its save returns (-1: no file yet)."""
-    path = workdir / "checkpoint.pt"
-    torch.distributed.barrier()  # both start together: the delay is rank 0's alone
-    if rank == 0:
+class SlowToStore:
+    """Takes :data:`SAVE_DELAY_S` to store, then stores as an empty ``OrderedDict``
+    (which ``weights_only`` loading reads back)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
         time.sleep(SAVE_DELAY_S)
+        return OrderedDict, ()
+
+
+def save_task(rank: int, acc: Any, workdir: Path) -> dict[str, torch.Tensor]:
+    """Both ranks save to one path, each its own rank number, rank 0's write slow; each
+    reads the file back as soon as its save returns (-1: no file yet)."""
+    path = workdir / "checkpoint.pt"
     try:
         weights = torch.full((2,), float(rank), device=acc.device)
-        acc.save({"writer": rank, "weights": weights}, path)
+        obj: dict[str, Any] = {"writer": rank, "weights": weights}
+        if rank == 0:
+            obj["slow"] = SlowToStore()
+        # Allowed for the save's check of what load reads back.
+        with torch.serialization.safe_globals([SlowToStore]):
+            acc.save(obj, path)
         seen = torch.load(path, weights_only=True)["writer"] if path.exists() else -1
     finally:
         torch.distributed.barrier()  # neither rank leaves while the other may still read
