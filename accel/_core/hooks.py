@@ -30,6 +30,7 @@ from accel._core.listing import (
     index_error,
     no_longer_registered,
     note_blame,
+    plugins_plain,
     shown,
 )
 from accel._util.notes import REPORT_TO_AUTHORS
@@ -251,14 +252,10 @@ class AcceleratorHooks:
         """Name the plugin that answered ``hook_name`` (``None``: not known, so every
         plain implementation that may have answered), with its provider, for messages."""
         if plugin_name is not None:
-            names = [plugin_name]
+            names = [plugin_name] if plugin_name != FALLBACKS_NAME else []
         else:  # in pluggy's call order: the first that may have answered first
-            names = [
-                impl.plugin_name
-                for impl in reversed(self._build(hook_name).implementations)
-                if not (impl.wrapper or impl.hookwrapper)
-            ]
-        names = [name for name in names if name != FALLBACKS_NAME]
+            implementations = self._build(hook_name).implementations
+            names = [impl.plugin_name for impl in plugins_plain(implementations)]
         if not names:
             return "accel's built-in fallback"
         return "plugin " + " or ".join(

@@ -23,6 +23,7 @@ __all__ = [
     "no_longer_registered",
     "note_blame",
     "plain_implementers",
+    "plugins_plain",
     "shown",
 ]
 
@@ -54,21 +55,24 @@ class HookCall(NamedTuple):
     fallback_only: bool
 
 
-def _is_plain(impl: pluggy.HookImpl) -> bool:
-    return not (impl.wrapper or impl.hookwrapper)
+def plugins_plain(implementations: Iterable[pluggy.HookImpl]) -> list[pluggy.HookImpl]:
+    """The plugins' plain implementations among ``implementations`` (not accel's
+    fallback, not a wrapper), in pluggy's call order (the reverse of its list's)."""
+    return [
+        impl
+        for impl in reversed(list(implementations))
+        if not (impl.wrapper or impl.hookwrapper) and impl.plugin_name != FALLBACKS_NAME
+    ]
 
 
 def plain_implementers(
     manager: pluggy.PluginManager, hook_name: str, foreign: Iterable[object]
 ) -> list[pluggy.HookImpl]:
-    """The plugins' plain implementations of ``hook_name`` (not accel's fallback, not
-    a wrapper), without those of the ``foreign`` plugins, in pluggy's call order."""
+    """:func:`plugins_plain` of ``hook_name``'s implementations, without those of the
+    ``foreign`` plugins."""
     excluded = set(foreign)
-    return [
-        impl
-        for impl in reversed(getattr(manager.hook, hook_name).get_hookimpls())
-        if _is_plain(impl) and impl.plugin_name != FALLBACKS_NAME and impl.plugin not in excluded
-    ]
+    implementations = getattr(manager.hook, hook_name).get_hookimpls()
+    return [impl for impl in plugins_plain(implementations) if impl.plugin not in excluded]
 
 
 def hook_call(manager: pluggy.PluginManager, hook_name: str, foreign: Iterable[object]) -> HookCall:
