@@ -160,6 +160,10 @@ def test_a_plugin_printing_while_it_loads_still_prints_for_the_table(faulty_site
     assert "chatty plugin: hello from import" in result.stdout  # no JSON to protect here
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_an_interrupt_while_a_plugin_hangs_at_import_names_that_plugin(
     faulty_site: Path,
 ) -> None:
@@ -169,6 +173,9 @@ def test_an_interrupt_while_a_plugin_hangs_at_import_names_that_plugin(
         stderr=subprocess.PIPE,
         text=True,
         env=_environment(faulty_site, "hangs"),
+        # A shell starts background jobs with SIGINT ignored, and a child inherits that:
+        # Python then installs no KeyboardInterrupt handler and the interrupt is lost.
+        preexec_fn=_interruptible,
     )
     try:
         assert process.stderr is not None
