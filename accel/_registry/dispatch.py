@@ -18,7 +18,6 @@ import pluggy
 from accel import hookspecs
 from accel._core.hooks import AcceleratorHooks, blamed
 from accel._core.listing import ACTION_HOOKS, FALLBACKS_NAME, plain_implementers
-from accel._registry.declarations import check_hook_names
 from accel.errors import PluginError
 from accel.markers import PROJECT_NAME
 
@@ -59,8 +58,8 @@ class Dispatcher:
         has it): for its ``accelerators``, or for every accelerator (``accelerators=[]``,
         a cross-cutting plugin).
 
-        :raises PluginError: its hooks do not fit accel's specs, or it does an action
-            hook that another plugin already does for one of the same accelerators.
+        :raises PluginError: its hooks' arguments do not fit accel's specs, or it does an
+            action hook that another plugin already does for one of the same accelerators.
         """
         with self._lock:
             taken = self._manager.get_plugin(label) is not None
@@ -74,16 +73,13 @@ class Dispatcher:
                     f"Hook names and arguments are listed in accel.hookspecs."
                 ) from exc
             try:
-                check_hook_names(plugin, name, provider, self._manager)
-                if accelerators:
-                    self._owners[plugin] = tuple(accelerators)
-                self._providers[name] = provider
-                self._check_actions(plugin, name, provider)
+                self._check_actions(plugin, name, provider, accelerators)
             except BaseException:
                 self._manager.unregister(plugin)
-                self._owners.pop(plugin, None)
-                self._providers.pop(name, None)
                 raise
+            if accelerators:
+                self._owners[plugin] = tuple(accelerators)
+            self._providers[name] = provider
             self._blame(plugin)
             for accelerator in accelerators:
                 self._hooks[accelerator] = AcceleratorHooks(
@@ -139,11 +135,13 @@ class Dispatcher:
         for hooks in self._hooks.values():
             hooks._forget()
 
-    def _check_actions(self, plugin: object, name: str, provider: str) -> None:
+    def _check_actions(
+        self, plugin: object, name: str, provider: str, accelerators: list[str]
+    ) -> None:
         """An action hook is done by one plain implementation per accelerator (the rule
-        in accel.hookspecs): refuse a plugin that would make it two."""
-        owned = self._owners.get(plugin)
-        scopes: list[str | None] = list(owned) if owned else [None, *self._hooks]
+        in accel.hookspecs): refuse a plugin (registered in the manager, not yet among
+        the owners) that would make it two."""
+        scopes: list[str | None] = [*accelerators] if accelerators else [None, *self._hooks]
         for hook_name in sorted(ACTION_HOOKS):
             for scope in scopes:
                 plain = plain_implementers(self._manager, hook_name, self._foreign(scope))
