@@ -153,7 +153,7 @@ class AcceleratorRegistry:
         note_early_signals()
         if name is None and not self._from_env:
             name = AUTO
-        return self._refreshed().select(name, tie_check)
+        return self._loaded().select(name, tie_check)
 
     def distributed_backends(self, name: str) -> dict[str, str]:
         """The :mod:`torch.distributed` backend of each accelerator ``name`` selects, by
@@ -172,7 +172,7 @@ class AcceleratorRegistry:
         """Every registered accelerator, available or not, in ``"auto"`` order
         (highest priority first, then by name); then plugins that failed to load,
         unavailable, with their error."""
-        return self._refreshed().rows()
+        return self._loaded().rows()
 
     def plugin_failures(self) -> list[PluginFailure]:
         """Plugins that failed to load or register, with their errors."""
@@ -188,12 +188,15 @@ class AcceleratorRegistry:
     # -- internals -------------------------------------------------------------------
 
     def _loaded(self) -> Selector:
-        """The selector, after loading the built-ins and entry points once."""
+        """The selector, after loading the built-ins and entry points once, with the
+        devices of a PrivateUse1 backend renamed since then added."""
         selector = self._selector
-        if selector is not None:
+        if selector is not None and not self._renamed():
             return selector
         with self._lock:
             if self._selector is not None:
+                if self._renamed():
+                    self._add_torch_devices()
                 return self._selector
             if self._loading_thread == threading.get_ident():
                 current = self._loader.current
@@ -237,14 +240,9 @@ class AcceleratorRegistry:
         for plugin in unclaimed_devices(lambda name: bool(self._catalog.candidates(name))):
             self._add(plugin, f"accel.torch.{plugin.device_type}", NO_PLUGIN)
 
-    def _refreshed(self) -> Selector:
-        """:meth:`_loaded`, with a PrivateUse1 backend renamed since then added."""
-        selector = self._loaded()
-        if self._builtins and self._privateuse1 != privateuse1_name():
-            with self._lock:
-                if self._privateuse1 != privateuse1_name():
-                    self._add_torch_devices()
-        return selector
+    def _renamed(self) -> bool:
+        """Whether the PrivateUse1 backend has a new name since its devices were added."""
+        return self._builtins and self._privateuse1 != privateuse1_name()
 
     def _remove(self, plugin: object) -> None:
         self._dispatcher.remove_plugin(plugin)
@@ -297,12 +295,10 @@ class AcceleratorRegistry:
             named = {c.name for c in disputed}.union(*(s.aliases for s in kept_out))
             raise conflict_error(canonical[0], specs, label, provider, named)
         lost = {c.name for c in dropped}  # built-ins' aliases: the plugin loses them
-        kept = specs
-        if lost:
-            kept = [
-                dataclasses.replace(s, aliases=tuple(a for a in s.aliases if a not in lost))
-                for s in specs
-            ]
+        kept = [
+            dataclasses.replace(s, aliases=tuple(a for a in s.aliases if a not in lost))
+            for s in specs
+        ]
         self._dispatcher.add_plugin(plugin, label, provider, accelerators=[s.name for s in specs])
         self._catalog.add(plugin, kept, provider)
         self._catalog.dispute(disputed, provider)

@@ -129,8 +129,8 @@ class Catalog:
         )
 
     def candidates(self, key: str) -> list[Registration]:
-        """The registrations ``key`` (a canonical name or alias) may select."""
-        return [self._registrations[name] for name in self._claims.get(key, [])]
+        """The registrations ``key`` (a canonical name or alias) may select, ranked."""
+        return [r for r in self.ranked() if r.spec.name in self._claims.get(key, ())]
 
     def get(self, canonical: str) -> Registration | None:
         return self._registrations.get(canonical)

@@ -40,10 +40,6 @@ from accel.types import AcceleratorInfo, Availability, PluginFailure, TieCheck, 
 __all__ = ["Selector"]
 
 
-#: How often ``"auto"`` starts over when its pick leaves the registry under it.
-_AUTO_ATTEMPTS = 10
-
-
 class _Entry(NamedTuple):
     """One accelerator as a snapshot holds it."""
 
@@ -56,7 +52,8 @@ class _Entry(NamedTuple):
 @final
 class Selector:
     """Selection over one registry's catalog, dispatcher and load failures (it owns
-    none of them: the registry does, and changes them under ``lock``)."""
+    none of them: the registry does, and changes the first two under ``lock``; the
+    failures are complete before the registry creates its selector)."""
 
     __slots__ = ("_catalog", "_device_failures", "_failures", "_lock", "_probed", "dispatcher")
 
@@ -151,9 +148,8 @@ class Selector:
         return {e.registration.spec.name: e.hooks.distributed_backend() for e in entries}
 
     def _resolve(self, base: str, requested: str, source: str) -> _Entry:
+        # A shared alias ("gpu"): the best available of its accelerators, in ranking order.
         entries = self._named(base, requested, source)
-        # A shared alias ("gpu"): the best available of its accelerators.
-        entries.sort(key=lambda e: (-e.registration.spec.priority, e.registration.spec.name))
         self._probed.update(
             e.registration.spec.name for e in entries if e.registration.spec.probing_initialises
         )
@@ -188,15 +184,14 @@ class Selector:
             if disputed is not None:
                 raise disputed
             entries = [self._entry(r) for r in self._catalog.candidates(base)]
-            # Only an unknown name needs these (the message lists them).
+            # Only an unknown name needs them (the message lists them).
             known = [] if entries else sorted({*self._catalog.names(), AUTO})
-            failures = [] if entries else list(self._failures)
         if not entries:
             suggestion = closest_name(base, known)
             hint = ""
             if suggestion:
                 hint = f" Did you mean {suggestion!r}?{describe_difference(base, suggestion)}"
-            if any(normalize_name(f.name) == base for f in failures):
+            if any(normalize_name(f.name) == base for f in self._failures):
                 hint += f" A plugin named {base!r} is installed but failed to load; see accel list."
             raise AcceleratorNotFoundError(
                 f"unknown accelerator {requested!r}{source}.{hint} Known names: "
@@ -213,25 +208,22 @@ class Selector:
         """The first available accelerator that ``"auto"`` may pick, in the catalog's
         ranking: highest priority, then canonical name. A disputed name is never picked,
         nor one whose probing raises (its reason is in ``accel list``)."""
-        for _ in range(_AUTO_ATTEMPTS):
-            for entry in self._ranked():
-                if entry.disputed or self._unprobed(entry) or not _auto_may_pick(entry.hooks):
-                    continue
-                name = entry.registration.spec.name
-                try:
-                    device = entry.hooks.device(None, requested=AUTO, source=source)
-                except AcceleratorNotFoundError:
-                    if self._still_registered(entry):
-                        raise
-                    break  # it left while being selected: rank again without it
-                except Exception as exc:
-                    # As with a device_count that raises: passed over, the reason listed.
-                    self._device_failures[name] = f"get_device failed: {type(exc).__name__}: {exc}"
-                    continue
-                self._device_failures.pop(name, None)
-                return entry, device
-            else:
-                break
+        for entry in self._ranked():
+            if entry.disputed or self._unprobed(entry) or not _auto_may_pick(entry.hooks):
+                continue
+            name = entry.registration.spec.name
+            try:
+                device = entry.hooks.device(None, requested=AUTO, source=source)
+            except AcceleratorNotFoundError:
+                if self._still_registered(entry):
+                    raise
+                continue  # it left while being selected: passed over, as listing does
+            except Exception as exc:
+                # As with a device_count that raises: passed over, the reason listed.
+                self._device_failures[name] = f"get_device failed: {type(exc).__name__}: {exc}"
+                continue
+            self._device_failures.pop(name, None)
+            return entry, device
         rows = self.rows()
         reasons = "; ".join(f"{row.name}: {row.reason or 'not chosen by auto'}" for row in rows)
         # Advising to register the built-ins is right only where they are not.
@@ -258,8 +250,6 @@ class Selector:
         """
         rows = [(entry, self._row(entry)) for entry in self._ranked()]
         listed = [row for entry, row in rows if self._still_registered(entry)]
-        with self._lock:
-            failures = list(self._failures)
         listed.extend(
             AcceleratorInfo(
                 name=failure.name,
@@ -273,7 +263,7 @@ class Selector:
                 remedy="fix or uninstall the plugin's distribution",
                 auto=False,
             )
-            for failure in failures
+            for failure in self._failures
         )
         return listed
 
