@@ -112,16 +112,16 @@ class Catalog:
         """The providers disputing ``name``; empty when it is not disputed."""
         return self._disputes.get(name, ())
 
-    def dispute_error(self, key: str, requested: str, source: str) -> PluginError | None:
-        """What selecting ``key`` (a name or alias) raises if it would select a disputed
-        name: itself, one of the accelerators it selects, or the name it is a kept-out
-        plugin's alias of; ``None`` if it is not disputed."""
+    def check_undisputed(self, key: str, requested: str, source: str) -> None:
+        """Raise :class:`PluginError` if selecting ``key`` (a name or alias) would select
+        a disputed name: itself, one of the accelerators it selects, or the name it is a
+        kept-out plugin's alias of."""
         selects = [key, *self._claims.get(key, []), self._alias_disputes.get(key, "")]
         name = next((name for name in selects if name in self._disputes), None)
         if name is None:
-            return None
+            return
         providers = self._disputes[name]
-        return PluginError(
+        raise PluginError(
             f"cannot select {requested!r}{source}: the name {name!r} is claimed by "
             f"{len(providers)} installed plugins ({', '.join(providers)}), so accel will not "
             f"guess which one you mean. Uninstall all but one of them, or load one with "

@@ -56,14 +56,12 @@ class EntryPointLoader:
             key=lambda item: (item[0], item[2].name),
         )
         failures: list[PluginFailure] = []
-        loaded_names: set[str] = set()
+        # A distribution found twice on sys.path is found once: importlib.metadata's
+        # entry_points() keeps the first (Python 3.10 on).
         for dist_name, provider, entry_point in found:
             keys = {normalize_distribution_name(entry_point.name), dist_name}
             if allowed is not None and not keys & allowed:
                 continue
-            if entry_point.name in loaded_names:
-                continue  # the same distribution on sys.path twice
-            loaded_names.add(entry_point.name)
             self.current = (entry_point.name, provider)
             try:
                 loaded = entry_point.load()

@@ -180,9 +180,7 @@ class Selector:
         disputed name raises."""
         with self._lock:
             # A name is disputed, and so is every alias of a disputed name.
-            disputed = self._catalog.dispute_error(base, requested, source)
-            if disputed is not None:
-                raise disputed
+            self._catalog.check_undisputed(base, requested, source)
             entries = [self._entry(r) for r in self._catalog.candidates(base)]
             # Only an unknown name needs them (the message lists them).
             known = [] if entries else sorted({*self._catalog.names(), AUTO})
