@@ -18,7 +18,7 @@ returns names the groups that came apart and the groups that appeared.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -91,7 +91,6 @@ def find_tied_parameters(model: nn.Module, *, buffers: bool = True) -> list[Tied
 
 # A slot during the scan: (module, attribute, kind, path of the module).
 _Slot = tuple["nn.Module", str, SlotKind, Path]
-_Registry = Mapping[str, "torch.Tensor | None"]
 
 
 def _scan(model: nn.Module, buffers: bool) -> tuple[list[TiedGroup], int]:
@@ -185,14 +184,7 @@ def _fill_duplicate_slots(groups: list[TiedGroup], *, empty: bool) -> None:
 
 def count_unique_parameters(model: nn.Module) -> int:
     """The number of distinct Parameter objects in ``model`` (its "layer count")."""
-    return len(
-        {
-            id(parameter)
-            for _, _, parameters, _, _ in live_slots(model)
-            for parameter in parameters.values()
-            if parameter is not None
-        }
-    )
+    return _scan(model, buffers=False)[1]
 
 
 @dataclass(frozen=True)
@@ -288,14 +280,13 @@ class TyingSnapshot:
         """
         self.retie()
         tie_weights = getattr(model, "tie_weights", None)
-        if not callable(tie_weights):
-            report = self.check(model)
+        after_retie = None  # the slots tie_weights() found, where the model has one
+        if callable(tie_weights):
+            after_retie = SlotContents(model)
+            tie_weights()
+        report = replace(self.check(model), tie_weights_called=after_retie is not None)
+        if report.ok or after_retie is None:
             return replace(report, kept_as_before=report.ok)
-        after_retie = SlotContents(model)
-        tie_weights()
-        report = replace(self.check(model), tie_weights_called=True)
-        if report.ok:
-            return replace(report, kept_as_before=True)
         undone = after_retie.restore()
         # Checked again, not assumed: tie_weights() may have done what slots cannot undo.
         kept = undone and self.check(model).ok

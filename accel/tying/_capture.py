@@ -37,14 +37,11 @@ __all__ = [
 #: the model itself. The dotted string is built only where a name is needed.
 Path = tuple["Path", str] | None
 
+#: A module's parameter or buffer registry: attribute -> tensor (``None``: an empty slot).
+TensorSlots = Mapping[str, torch.Tensor | None]
+
 #: One module's slots: ``(module, path, parameters, buffers, submodules)``.
-ModuleSlots = tuple[
-    nn.Module,
-    Path,
-    Mapping[str, torch.Tensor | None],
-    Mapping[str, torch.Tensor | None],
-    Mapping[str, nn.Module | None],
-]
+ModuleSlots = tuple[nn.Module, Path, TensorSlots, TensorSlots, Mapping[str, nn.Module | None]]
 
 #: What a restore puts back of one Parameter: the Parameter, a ``detach()`` of it,
 #: its ``requires_grad``, its gradient and a ``detach()`` of the gradient.
@@ -275,8 +272,14 @@ class RestorePoint:
             # Moved in place: later edits hit the moved data, which the restore drops.
             if (alias._version if at_move is None else at_move) != version
         }
-        if changed:
-            _add_running_statistics(self._slots, changed)
+        # torch's batch-norm kernels update running_mean and running_var in place without
+        # bumping their counters; the forward pass that does so also adds one to
+        # num_batches_tracked (an ordinary add_, which is counted).
+        for _, _, _, buffers, _ in self._slots.modules() if changed else ():
+            counter = buffers.get("num_batches_tracked")
+            if counter is not None and id(counter) in changed:
+                statistics = (buffers.get("running_mean"), buffers.get("running_var"))
+                changed.update(id(statistic) for statistic in statistics if statistic is not None)
         for module, training in self._training:
             module.training = training  # the flag only: train()/eval() may be overridden
         self._slots.restore()
@@ -295,20 +298,6 @@ class RestorePoint:
 def _pointer(tensor: torch.Tensor) -> int:
     # Wrapper subclasses may have no storage to point at; they are compared by alias.
     return tensor.data_ptr() if type(tensor) in _PLAIN else 0
-
-
-def _add_running_statistics(slots: SlotContents, changed: set[int]) -> None:
-    """Count a norm layer's running statistics as changed when its batch counter is.
-
-    torch's batch-norm kernels update ``running_mean`` and ``running_var`` in place
-    without bumping their version counters; the forward pass that does so also adds
-    one to ``num_batches_tracked`` (an ordinary ``add_``, which is counted).
-    """
-    for _, _, _, buffers, _ in slots.modules():
-        counter = buffers.get("num_batches_tracked")
-        if counter is not None and id(counter) in changed:
-            statistics = (buffers.get("running_mean"), buffers.get("running_var"))
-            changed.update(id(statistic) for statistic in statistics if statistic is not None)
 
 
 def _names_of(model: nn.Module, tensor_ids: set[int]) -> list[str]:

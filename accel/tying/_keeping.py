@@ -9,7 +9,6 @@ module the move returned, and the outcome by ``tie_check``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -67,15 +66,7 @@ class KeptMove:
         report by ``context.tie_check`` (see :func:`outcome`).
         """
         if moved is not model:
-            found = counterparts(self._before, moved)
-            # The captured model's modules the replacement does not hold get back what
-            # was hollowed out for the move: the model the caller passed stays as it was.
-            held = _captured_tensors(self._before)
-            for group in self._snapshot.groups:
-                for module, name, kind in group.slots:
-                    if found.get(id(module)) is not module:
-                        _slot_dict(module, kind)[name] = held[(id(module), name, kind)]
-            self._snapshot = _rebased(self._snapshot, found)
+            self._snapshot = self._rebased(counterparts(self._before, moved))
         report = self._snapshot.finish_move(moved)
         what = outcome(report, context.tie_check)
         if what != "error" and not report.kept_as_before:
@@ -83,14 +74,46 @@ class KeptMove:
             # plugin's move tying slots re-tying cannot separate), and with their values.
             kept = _separate_appeared(moved, self._snapshot, self._before)
             report = replace(report, kept_as_before=kept)
-        _tell(what, report, device, lambda message: _blaming(message, report, context))
+        # Pre-move hooks ran before the snapshot (what they did is the truth), post-move
+        # hooks are checked apart (still_held), and re-tying undoes what a move unties:
+        # what is left came from the model's own tie_weights() (the message says so) or
+        # from the move itself, which a plugin's move hook did if one answered.
+        mover = context.notes.get(MOVED_BY_NOTE)
+        blame = ""
+        if mover is not None and not report.tie_weights_undone:
+            blame = (
+                f"The ties were changed by the model_to_device hook of {mover}, in a way "
+                f"re-tying the groups of before cannot undo. Report this to the plugin's authors."
+            )
+        _tell(what, report, device, blame=blame)
+
+    def _rebased(self, found: dict[int, nn.Module]) -> TyingSnapshot:
+        """The groups pointing at the slots of the module that replaced the captured
+        one (``found``: see :func:`counterparts`). A slot whose module has no
+        counterpart holds nothing, so its group reports broken. The captured model's
+        modules the replacement does not hold get back what was hollowed out for the
+        move: the model the caller passed stays as it was."""
+        held = _captured_tensors(self._before)
+        missing = nn.Module()  # stands for a module the replacement lacks
+        # Slots that stay empty whatever re-tying puts in them: such a group stays broken.
+        missing.__dict__["_parameters"] = missing.__dict__["_buffers"] = _AlwaysEmpty()
+        groups = []
+        for group in self._snapshot.groups:
+            slots = []
+            for module, name, kind in group.slots:
+                now = found.get(id(module), missing)
+                if now is not module:
+                    _slot_dict(module, kind)[name] = held[(id(module), name, kind)]
+                slots.append((now, name, kind))
+            groups.append(replace(group, slots=tuple(slots)))
+        return replace(self._snapshot, groups=tuple(groups))
 
     def still_held(self, moved: nn.Module, device: torch.device, context: MoveContext) -> None:
         """After every ``post_move_hook``: the ties kept are still the model's. A hook
         that broke or made one is reported by ``context.tie_check`` like the move."""
         report = self._snapshot.check(moved)
         hooks_note = "A post_move_hook changed the ties after accel had kept them."
-        _tell(outcome(report, context.tie_check), report, device, lambda m: f"{m}\n{hooks_note}")
+        _tell(outcome(report, context.tie_check), report, device, note=hooks_note)
 
 
 def _captured_tensors(before: SlotContents) -> dict[tuple[int, str, str], torch.Tensor]:
@@ -108,14 +131,17 @@ def _tell(
     what: Literal["ok", "warn", "error"],
     report: TieReport,
     device: torch.device,
-    add: Callable[[str], str],
+    *,
+    blame: str = "",
+    note: str = "",
 ) -> None:
-    """Warn or raise as ``what`` says, with :func:`format_tie_failure`'s text put
-    through ``add``. A :class:`TyingWarning` points at the user's line, however deep
-    the call."""
+    """Warn or raise as ``what`` says, with :func:`format_tie_failure`'s text, ``blame``
+    (the plugin whose move changed the ties) after its first line and ``note`` at its
+    end. A :class:`TyingWarning` points at the user's line, however deep the call."""
     if what == "ok":
         return
-    message = add(format_tie_failure(report, device, raised=what == "error"))
+    first, _, rest = format_tie_failure(report, device, raised=what == "error").partition("\n")
+    message = "\n".join(part for part in (first, blame, rest, note) if part)
     if what == "warn":
         warn_at_caller(message, TyingWarning)
         return
@@ -128,48 +154,11 @@ def _tell(
     )
 
 
-def _rebased(snapshot: TyingSnapshot, found: dict[int, nn.Module]) -> TyingSnapshot:
-    """``snapshot``'s groups pointing at the slots of the module that replaced the
-    captured one (``found``: see :func:`counterparts`). A slot whose module has no
-    counterpart holds nothing, so its group reports broken."""
-    missing = nn.Module()  # stands for a module the replacement lacks
-    # Slots that stay empty whatever re-tying puts in them: such a group stays broken.
-    missing.__dict__["_parameters"] = _AlwaysEmpty()
-    missing.__dict__["_buffers"] = _AlwaysEmpty()
-    groups = tuple(
-        replace(
-            group,
-            slots=tuple((found.get(id(m), missing), name, kind) for m, name, kind in group.slots),
-        )
-        for group in snapshot.groups
-    )
-    return replace(snapshot, groups=groups)
-
-
 class _AlwaysEmpty(dict[str, "torch.Tensor | None"]):
     """A module's slot registry that holds nothing, whatever is put in it."""
 
     def __setitem__(self, key: str, value: torch.Tensor | None) -> None:
         pass
-
-
-def _blaming(message: str, report: TieReport, context: MoveContext) -> str:
-    """``message`` naming the plugin whose move changed the ties, where it was a plugin's.
-
-    Pre-move hooks ran before the snapshot (what they did is the truth), post-move hooks
-    are checked apart (:meth:`KeptMove.still_held`), and re-tying undoes what a move
-    unties: what is left came from the model's own ``tie_weights()`` (the message says
-    so) or from the move itself.
-    """
-    mover = context.notes.get(MOVED_BY_NOTE)
-    if mover is None or report.tie_weights_undone:
-        return message
-    first, _, rest = message.partition("\n")
-    return (
-        f"{first}\nThe ties were changed by the model_to_device hook of {mover}, in a way "
-        f"re-tying the groups of before cannot undo. Report this to the plugin's authors."
-        f"\n{rest}"
-    )
 
 
 def outcome(report: TieReport, tie_check: TieCheck) -> Literal["ok", "warn", "error"]:
