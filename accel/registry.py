@@ -91,7 +91,8 @@ class AcceleratorRegistry:
         # The thread loading the plugins now, so that a plugin using this registry
         # while it is being loaded gets a true error instead of a second load.
         self._loading_thread: int | None = None
-        # The PrivateUse1 name when devices without a plugin were last added.
+        # The PrivateUse1 name when devices without a plugin were last added ("": not
+        # yet, so _renamed() is true until the first load has added them).
         self._privateuse1 = ""
 
     # -- registration ------------------------------------------------------------
@@ -188,39 +189,41 @@ class AcceleratorRegistry:
     # -- internals -------------------------------------------------------------------
 
     def _loaded(self) -> Selector:
-        """The selector, after loading the built-ins and entry points once, with the
-        devices of a PrivateUse1 backend renamed since then added."""
+        """The selector, after loading the built-ins and entry points once, then adding
+        the devices torch drives that no plugin claims (again when the PrivateUse1
+        backend is renamed)."""
         selector = self._selector
         if selector is not None and not self._renamed():
             return selector
         with self._lock:
-            if self._selector is not None:
-                if self._renamed():
-                    self._add_torch_devices()
-                return self._selector
-            if self._loading_thread == threading.get_ident():
-                current = self._loader.current
-                who = (
-                    f"accel plugin {current[0]!r} from {current[1]}"
-                    if current is not None
-                    else "a built-in plugin"
-                )
-                raise PluginError(
-                    f"{who} used accel (selected, listed or registered an accelerator) while "
-                    f"accel was still loading it; accel can answer only once every plugin has "
-                    f"loaded. Move that call out of the plugin's import-time code into a hook, "
-                    f"which accel calls after loading."
-                )
-            self._loading_thread = threading.get_ident()
-            try:
-                self._selector = self._load()
-            except BaseException:
-                # An interrupt while a plugin hangs: the next use starts afresh.
-                self._catalog = Catalog()
-                self._failures = []
-                raise
-            finally:
-                self._loading_thread = None
+            if self._selector is None:
+                if self._loading_thread == threading.get_ident():
+                    current = self._loader.current
+                    who = (
+                        f"accel plugin {current[0]!r} from {current[1]}"
+                        if current is not None
+                        else "a built-in plugin"
+                    )
+                    raise PluginError(
+                        f"{who} used accel (selected, listed or registered an accelerator) "
+                        f"while accel was still loading it; accel can answer only once every "
+                        f"plugin has loaded. Move that call out of the plugin's import-time "
+                        f"code into a hook, which accel calls after loading."
+                    )
+                self._loading_thread = threading.get_ident()
+                try:
+                    self._selector = self._load()
+                except BaseException:
+                    # An interrupt while a plugin hangs: the next use starts afresh.
+                    self._catalog = Catalog()
+                    self._failures = []
+                    raise
+                finally:
+                    self._loading_thread = None
+            # After every plugin (a plugin's own name takes precedence). Until then
+            # _renamed() is true, so other threads wait on the lock for them.
+            if self._renamed():
+                self._add_torch_devices()
             return self._selector
 
     def _load(self) -> Selector:
@@ -230,9 +233,6 @@ class AcceleratorRegistry:
             for builtin_name, factory in builtin_plugins.BUILTIN_PLUGINS:
                 self._add(factory(), f"accel.builtin.{builtin_name}", BUILTIN_PROVIDER)
         self._failures.extend(self._loader.load(partial(self._add, entry_point=True)))
-        if self._builtins:  # after every plugin: a plugin's own name takes precedence
-            self._add_torch_devices()
-        # Returned last: other threads wait on the lock until the registry is whole.
         return Selector(self._catalog, self._dispatcher, self._failures, self._lock)
 
     def _add_torch_devices(self) -> None:
