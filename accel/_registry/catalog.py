@@ -88,10 +88,9 @@ class Catalog:
 
     def remove(self, plugin: object) -> None:
         """Forget every accelerator ``plugin`` declared."""
-        gone = [name for name, r in self._registrations.items() if r.plugin is plugin]
-        for name in gone:
-            del self._registrations[name]
-        claims = {key: [n for n in names if n not in gone] for key, names in self._claims.items()}
+        kept = {name: r for name, r in self._registrations.items() if r.plugin is not plugin}
+        claims = {key: [n for n in names if n in kept] for key, names in self._claims.items()}
+        self._registrations = kept
         self._claims = {key: names for key, names in claims.items() if names}
 
     def dispute(self, conflicts: list[Conflict], provider: str) -> None:
