@@ -13,7 +13,6 @@ from torch import nn
 from accel._core.hooks import AcceleratorHooks
 from accel._core.moving import move_model
 from accel._util.notes import add_note
-from accel.errors import AcceleratorTypeError, AcceleratorValueError
 from accel.training.batch import BatchMover
 from accel.training.checkpoint._async_save import PendingSave, wait_for_saves
 from accel.training.checkpoint._load import load_and_restore
@@ -21,12 +20,15 @@ from accel.training.checkpoint._preemption import PreemptionGuard
 from accel.training.checkpoint._rng import host_rng_state, set_host_rng_state
 from accel.training.checkpoint._save import save_checkpoint
 from accel.training.device_loader import DeviceLoader
-from accel.training.precision import full_precision, requested_dtype
+from accel.training.precision import checked_autocast_arguments, full_precision, requested_dtype
 from accel.training.step import (
     checked_clip_arguments,
+    checked_compile_target,
+    checked_device_index,
     checked_loader,
     checked_no_sync_arguments,
     checked_seed,
+    checked_state_dict_model,
     checked_step_arguments,
     unwrap_compiled,
 )
@@ -120,10 +122,7 @@ class Accelerator:
 
         :raises accel.AcceleratorUnavailableError: ``index`` is beyond :meth:`device_count`.
         """
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise AcceleratorValueError(
-                f"for_index expects a device index (an int >= 0), got {index!r}"
-            )
+        checked_device_index(index)
         device = self._hooks.device(index, requested=f"{self.name}:{index}")
         return Accelerator(
             self._hooks, self.spec, index=index, device=device, tie_check=self._tie_check
@@ -255,12 +254,12 @@ class Accelerator:
         :raises ValueError: the device cannot autocast to ``dtype``.
         """
         chosen = requested_dtype(dtype)
-        if chosen is None:
-            # The accelerator's default, as its autocast hook chooses it.
-            context = self._hooks.autocast(self.device, None)
-            chosen = getattr(context, "fast_dtype", None)
-        elif chosen is not torch.float32:
-            self._hooks.autocast(self.device, chosen)  # the same refusal as autocast()
+        if chosen is not torch.float32:
+            # The same refusal as autocast(); with no dtype asked, the accelerator's
+            # default, as its autocast hook chooses it.
+            context = self._hooks.autocast(self.device, chosen)
+            if chosen is None:
+                chosen = getattr(context, "fast_dtype", None)
         if chosen is not torch.float16:
             return None
         return self._hooks.grad_scaler(self.device, options)
@@ -274,10 +273,7 @@ class Accelerator:
 
         :raises TypeError: ``model`` is neither a module nor a callable.
         """
-        if not callable(model):
-            raise AcceleratorTypeError(
-                f"compile expects a torch.nn.Module or a function, got {type(model).__name__}"
-            )
+        checked_compile_target(model)
         backend = options.pop("backend", None)
         if backend is None:
             backend = self._hooks.compile_backend(self.device)
@@ -318,11 +314,7 @@ class Accelerator:
         :raises ValueError: the device cannot autocast to ``dtype`` (torch itself would
             only warn and run the block in full precision).
         """
-        chosen = requested_dtype(dtype)
-        if not isinstance(enabled, bool):
-            raise AcceleratorTypeError(
-                f"autocast(enabled=...) expects a bool, got {type(enabled).__name__}"
-            )
+        chosen = checked_autocast_arguments(dtype, enabled)
         if not enabled or chosen is torch.float32:
             return full_precision(self.device)
         return self._hooks.autocast(self.device, chosen)
@@ -359,11 +351,7 @@ class Accelerator:
         ``torch.save`` stores it once and ``load_state_dict`` restores the tie. Of a
         compiled model (:meth:`compile`), the plain model's keys.
         """
-        if not isinstance(model, nn.Module):
-            raise AcceleratorTypeError(
-                f"state_dict expects a torch.nn.Module, got {type(model).__name__}; use "
-                f"save() for other objects"
-            )
+        checked_state_dict_model(model)
         return self._hooks.state_dict(unwrap_compiled(model))
 
     @overload
@@ -450,12 +438,7 @@ class Accelerator:
         :raises ValueError: an entry is missing, or the device state is from another
             device type.
         """
-        if not isinstance(state, Mapping):
-            raise AcceleratorTypeError(
-                f"set_rng_state expects the dict acc.rng_state() returned, got "
-                f"{type(state).__name__}"
-            )
-        set_host_rng_state(dict(state))
+        set_host_rng_state(state)
         if state.get("device") is not None:
             self._hooks.set_rng_state(state["device"], self.device)
 

@@ -163,6 +163,21 @@ def requested_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     )
 
 
+def checked_autocast_arguments(
+    dtype: torch.dtype | str | None, enabled: object
+) -> torch.dtype | None:
+    """:func:`requested_dtype` of ``dtype``, once ``enabled`` is known to be a bool.
+
+    :raises TypeError: ``dtype`` names no torch dtype, or ``enabled`` is not a bool.
+    """
+    chosen = requested_dtype(dtype)
+    if not isinstance(enabled, bool):
+        raise AcceleratorTypeError(
+            f"autocast(enabled=...) expects a bool, got {type(enabled).__name__}"
+        )
+    return chosen
+
+
 def full_precision(device: torch.device) -> AbstractContextManager[Any]:
     """A block in full precision (float32) on ``device``, also inside an enclosing
     ``autocast`` block: ``torch.autocast(enabled=False)`` for the device's type.

@@ -372,3 +372,28 @@ def checked_loader(loader: object) -> None:
             f"device_loader expects an iterable of batches (a DataLoader), got "
             f"{type(loader).__name__}"
         )
+
+
+def checked_device_index(index: object) -> None:
+    """:raises ValueError: ``index`` is not a device index (an int >= 0)."""
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise AcceleratorValueError(
+            f"for_index expects a device index (an int >= 0), got {index!r}"
+        )
+
+
+def checked_compile_target(model: object) -> None:
+    """:raises TypeError: ``model`` is neither a module nor a callable."""
+    if not callable(model):
+        raise AcceleratorTypeError(
+            f"compile expects a torch.nn.Module or a function, got {type(model).__name__}"
+        )
+
+
+def checked_state_dict_model(model: object) -> None:
+    """:raises TypeError: ``model`` is not a module (other objects go to ``save()``)."""
+    if not isinstance(model, nn.Module):
+        raise AcceleratorTypeError(
+            f"state_dict expects a torch.nn.Module, got {type(model).__name__}; use "
+            f"save() for other objects"
+        )

@@ -12,11 +12,12 @@ ints, tuples and dicts (NumPy's key array is stored as a tensor).
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from accel.errors import AcceleratorValueError
+from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
 __all__ = ["device_generators_of"]
 
@@ -30,12 +31,17 @@ def host_rng_state() -> dict[str, Any]:
     return {"python": random.getstate(), "numpy": _numpy_state(), "torch": torch.get_rng_state()}
 
 
-def set_host_rng_state(state: dict[str, Any]) -> None:
+def set_host_rng_state(state: object) -> None:
     """Put back what :func:`host_rng_state` returned (loaded from a checkpoint or not).
 
+    :raises TypeError: ``state`` is not a dict.
     :raises ValueError: ``state`` lacks one of the keys.
     """
 
+    if not isinstance(state, Mapping):
+        raise AcceleratorTypeError(
+            f"set_rng_state expects the dict acc.rng_state() returned, got {type(state).__name__}"
+        )
     missing = [key for key in ("python", "numpy", "torch") if key not in state]
     if missing:
         raise AcceleratorValueError(
