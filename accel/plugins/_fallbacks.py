@@ -22,7 +22,7 @@ import torch
 
 from accel.errors import AcceleratorValueError, PluginError
 from accel.markers import hookimpl
-from accel.training.batch import move_batch
+from accel.training.batch import move_batch_or_copies
 from accel.training.checkpoint._main_process import save_on_main_process
 from accel.training.checkpoint._read import load_checkpoint
 from accel.training.checkpoint._restoring import copies_host_tensors_in_place
@@ -30,7 +30,6 @@ from accel.training.checkpoint._rng import device_generators_of
 from accel.training.checkpoint._state import cpu_state_dict
 from accel.training.device_loader import MovingLoader
 from accel.training.memory import unknown
-from accel.training.nested import map_nested
 from accel.training.precision import autocast_to, backend_amp_dtypes
 from accel.training.step import clip_grad_norm, gradient_sync_paused, scaled_step
 from accel.types import Availability, MemoryStats
@@ -77,21 +76,7 @@ def model_to_device(model: torch.nn.Module, device: torch.device) -> torch.nn.Mo
 
 @hookimpl(trylast=True)
 def batch_to_device(batch: Any, device: torch.device) -> Any:
-    try:
-        return move_batch(batch, device)
-    except RuntimeError:
-        # A PrivateUse1 backend may copy only contiguous host tensors (torch-opencl:
-        # "_copy_from: src must be contiguous"): the same move from contiguous copies,
-        # asked only after a refusal so every other move pays nothing; a failure that
-        # is not this one fails again, and is raised.
-        if device.type != torch._C._get_privateuse1_backend_name():
-            raise
-        return move_batch(map_nested(batch, _contiguous_on_host, what="batch"), device)
-
-
-def _contiguous_on_host(tensor: torch.Tensor) -> torch.Tensor:
-    # Only host tensors: a tensor already on the device passes through as it is.
-    return tensor.contiguous() if tensor.device.type == "cpu" else tensor
+    return move_batch_or_copies(batch, device)
 
 
 # -- the training step: what an accelerator that says nothing else gets -----------

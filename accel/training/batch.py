@@ -67,10 +67,31 @@ def move_batch(batch: Any, device: torch.device) -> Any:
     return map_nested(batch, move, leaf_type=tensor_type, what="batch")
 
 
+def move_batch_or_copies(batch: Any, device: torch.device) -> Any:
+    """:func:`move_batch`, as accel's ``batch_to_device`` fallback and
+    :class:`BatchMover` do it: a PrivateUse1 backend may copy only contiguous host
+    tensors (torch-opencl: "_copy_from: src must be contiguous"), so after such a
+    refusal the same move from contiguous copies. Asked only after a refusal, so every
+    other move pays nothing; a failure that is not this one fails again, and is raised.
+    """
+    try:
+        return move_batch(batch, device)
+    except RuntimeError:
+        if device.type != torch._C._get_privateuse1_backend_name():
+            raise
+        return move_batch(map_nested(batch, _contiguous_on_host, what="batch"), device)
+
+
+def _contiguous_on_host(tensor: torch.Tensor) -> torch.Tensor:
+    # Only host tensors: a tensor already on the device passes through as it is.
+    return tensor.contiguous() if tensor.device.type == "cpu" else tensor
+
+
 class BatchMover:
-    """``move_batch(batch, device)`` as an object: the ``move`` a ``device_loader`` hook
-    gets from the handle when no plugin moves batches itself, so that the hook can
-    tell when a batch it already put on ``device`` needs nothing more."""
+    """:func:`move_batch_or_copies` to ``device`` as an object: the ``move`` a
+    ``device_loader`` hook gets from the handle when no plugin moves batches itself
+    (the same move as accel's ``batch_to_device`` fallback), so that the hook can tell
+    when a batch it already put on ``device`` needs nothing more."""
 
     __slots__ = ("device",)
 
@@ -78,7 +99,7 @@ class BatchMover:
         self.device = device
 
     def __call__(self, batch: Any) -> Any:
-        return move_batch(batch, self.device)
+        return move_batch_or_copies(batch, self.device)
 
 
 # device -> whether it is a CUDA device: ``device.type`` builds a string on every read

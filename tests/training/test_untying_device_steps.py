@@ -58,3 +58,14 @@ def test_a_privateuse1_device_that_refuses_a_view_gets_contiguous_copies() -> No
         moved = acc.batch_to_device({"x": view})
     assert moved["x"].device.type == "privateuseone"
     assert torch.equal(values(moved["x"]), view)
+
+
+def test_device_loader_moves_a_view_as_batch_to_device_does() -> None:
+    # No plugin moves batches, so the loader gets accel's own mover (BatchMover): the
+    # fallback's move, its contiguous retry included.
+    acc = isolated_registry(UntyingDevicePlugin()).get_accelerator("untying")
+    view = torch.arange(6.0).reshape(2, 3).t()
+    with HostMoves():
+        (moved,) = list(acc.device_loader([{"x": view}]))
+    assert moved["x"].device.type == "privateuseone"
+    assert torch.equal(values(moved["x"]), view)
