@@ -13,22 +13,22 @@ from torch import nn
 from accel._core.hooks import AcceleratorHooks
 from accel._core.moving import move_model
 from accel._util.notes import add_note
+from accel.training._compiling import checked_compile_target
 from accel.training.batch import BatchMover
 from accel.training.checkpoint._async_save import PendingSave, wait_for_saves
 from accel.training.checkpoint._load import load_and_restore
 from accel.training.checkpoint._preemption import PreemptionGuard
 from accel.training.checkpoint._rng import host_rng_state, set_host_rng_state
 from accel.training.checkpoint._save import save_checkpoint
+from accel.training.checkpoint._state import checked_state_dict_model
 from accel.training.device_loader import DeviceLoader
 from accel.training.precision import checked_autocast_arguments, full_precision, requested_dtype
 from accel.training.step import (
     checked_clip_arguments,
-    checked_compile_target,
     checked_device_index,
     checked_loader,
     checked_no_sync_arguments,
     checked_seed,
-    checked_state_dict_model,
     checked_step_arguments,
     unwrap_compiled,
 )

@@ -31,7 +31,7 @@ from accel.training.checkpoint._state import cpu_state_dict
 from accel.training.device_loader import MovingLoader
 from accel.training.memory import unknown
 from accel.training.precision import autocast_to, backend_amp_dtypes
-from accel.training.step import clip_grad_norm, gradient_sync_paused, scaled_step
+from accel.training.step import clip_grad_norm, gradient_sync_paused, step_optimizer
 from accel.types import Availability, MemoryStats
 
 
@@ -88,9 +88,7 @@ def optimizer_step(
     closure: Callable[[], Any] | None,
     scaler: torch.amp.GradScaler | None,
 ) -> Any:
-    if scaler is not None:
-        return scaled_step(optimizer, scaler, closure)
-    return optimizer.step() if closure is None else optimizer.step(closure)
+    return step_optimizer(optimizer, closure, scaler)
 
 
 @hookimpl(trylast=True)

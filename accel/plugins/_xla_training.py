@@ -31,7 +31,7 @@ from accel.training.checkpoint._main_process import Word, in_a_job, written_by_m
 from accel.training.device_loader import DeviceLoader
 from accel.training.memory import unknown
 from accel.training.precision import bfloat16_autocast
-from accel.training.step import clip_grad_norm, scaled_step
+from accel.training.step import clip_grad_norm, step_optimizer
 from accel.types import MemoryStats
 
 if TYPE_CHECKING:
@@ -71,10 +71,8 @@ class XlaTrainingHooks:
                 reduce_for_step(optimizer)
                 return loss
 
-        if scaler is not None:  # with a closure, a disabled one (the handle checks)
-            result = scaled_step(optimizer, scaler, step_closure)
-        else:
-            result = optimizer.step() if step_closure is None else optimizer.step(step_closure)
+        # With a closure, a scaler is a disabled one (the handle checks).
+        result = step_optimizer(optimizer, step_closure, scaler)
         loop = _loop_state()
         if loop.active and loop.fetches != loop.fetches_at_last_step:
             loop.owed = True  # a device_loader loop: its next batch marks the step

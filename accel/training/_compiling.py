@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from accel._util.warn import warn_at_caller
-from accel.errors import PluginWarning
+from accel.errors import AcceleratorTypeError, PluginWarning
 
 if TYPE_CHECKING:
     import torch
@@ -77,3 +77,14 @@ def runnable_backend(
             PluginWarning,
         )
     return FALLBACK_BACKEND
+
+
+def checked_compile_target(model: object) -> None:
+    """The handle's check of what it compiles.
+
+    :raises TypeError: ``model`` is neither a module nor a callable.
+    """
+    if not callable(model):
+        raise AcceleratorTypeError(
+            f"compile expects a torch.nn.Module or a function, got {type(model).__name__}"
+        )

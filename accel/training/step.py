@@ -181,6 +181,17 @@ def scaled_step(
     return result
 
 
+def step_optimizer(
+    optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None, scaler: Any
+) -> Any:
+    """The step itself, as the ``optimizer_step`` fallback and the TPU plugin take it:
+    :func:`scaled_step` with a ``scaler``, else ``optimizer.step(closure)`` (without the
+    argument when there is no closure: an optimizer's ``step`` need not take one)."""
+    if scaler is not None:
+        return scaled_step(optimizer, scaler, closure)
+    return optimizer.step() if closure is None else optimizer.step(closure)
+
+
 def checked_scaler(scaler: object, what: str) -> None:
     """Refuse an object that is not a loss scaler (``torch.amp.GradScaler``'s methods).
 
@@ -379,21 +390,4 @@ def checked_device_index(index: object) -> None:
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise AcceleratorValueError(
             f"for_index expects a device index (an int >= 0), got {index!r}"
-        )
-
-
-def checked_compile_target(model: object) -> None:
-    """:raises TypeError: ``model`` is neither a module nor a callable."""
-    if not callable(model):
-        raise AcceleratorTypeError(
-            f"compile expects a torch.nn.Module or a function, got {type(model).__name__}"
-        )
-
-
-def checked_state_dict_model(model: object) -> None:
-    """:raises TypeError: ``model`` is not a module (other objects go to ``save()``)."""
-    if not isinstance(model, nn.Module):
-        raise AcceleratorTypeError(
-            f"state_dict expects a torch.nn.Module, got {type(model).__name__}; use "
-            f"save() for other objects"
         )

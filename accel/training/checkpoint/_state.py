@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from accel.errors import AcceleratorTypeError
 from accel.training.nested import map_nested
 
 __all__ = ["cpu_state_dict", "map_tensors", "to_cpu"]
@@ -30,6 +31,18 @@ def cpu_state_dict(model: torch.nn.Module) -> dict[str, Any]:
     # (plain state_dict() detaches each slot into a new tensor object).
     state = model.state_dict(keep_vars=True)
     return to_cpu(state)  # type: ignore[no-any-return]
+
+
+def checked_state_dict_model(model: object) -> None:
+    """The handle's check of what ``acc.state_dict`` is given.
+
+    :raises TypeError: ``model`` is not a module (other objects go to ``save()``).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise AcceleratorTypeError(
+            f"state_dict expects a torch.nn.Module, got {type(model).__name__}; use "
+            f"save() for other objects"
+        )
 
 
 def to_cpu(obj: Any) -> Any:
