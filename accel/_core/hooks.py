@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     import pluggy
 
-__all__ = ["AcceleratorHooks", "blamed", "no_longer_registered"]
+__all__ = ["AcceleratorHooks", "blamed"]
 
 _T = TypeVar("_T")
 
@@ -160,16 +160,15 @@ class AcceleratorHooks:
         norm_type: float,
         device: torch.device,
     ) -> torch.Tensor:
-        norm, who = self._first(
+        return self._expect(
             "clip_grad_norm_",
+            torch.Tensor,
+            "a tensor",
             parameters=parameters,
             max_norm=max_norm,
             norm_type=norm_type,
             device=device,
         )
-        if not isinstance(norm, torch.Tensor):
-            raise self._bad("clip_grad_norm_", f"returned {shown(norm)}; expected a tensor", who)
-        return norm
 
     def no_sync(
         self, model: nn.Module, enabled: bool, device: torch.device
@@ -190,7 +189,7 @@ class AcceleratorHooks:
         return runnable_backend(backend, device)  # inductor only where it has codegen
 
     def mark_step(self, device: torch.device) -> None:
-        # The hot calls skip _call's frame; what they raise is noted by the shim.
+        # The hot calls skip _call's frame; what they raise is noted by blamed.
         call = self._calls.get("mark_step") or self._build("mark_step")
         kwargs = {"accelerator": self.name, "device": device}
         call.execute("mark_step", call.implementations, kwargs, True)
@@ -215,12 +214,9 @@ class AcceleratorHooks:
     def device_loader(
         self, loader: Iterable[Any], device: torch.device, move: Callable[[Any], Any]
     ) -> Iterable[Any]:
-        batches, who = self._first("device_loader", loader=loader, device=device, move=move)
-        if not isinstance(batches, Iterable):
-            raise self._bad(
-                "device_loader", f"returned {type(batches).__name__}, not an iterable", who
-            )
-        return batches
+        return self._shaped(  # type: ignore[no-any-return]
+            "device_loader", Iterable, "an iterable", loader=loader, device=device, move=move
+        )
 
     def state_dict(self, model: nn.Module) -> dict[str, Any]:
         return self._expect("state_dict", dict, model=model)
@@ -268,12 +264,7 @@ class AcceleratorHooks:
         """Call the hook through pluggy's own loop with this accelerator's hooks."""
         call = self._calls.get(hook_name) or self._build(hook_name)
         kwargs["accelerator"] = self.name
-        try:
-            return call.execute(hook_name, call.implementations, kwargs, call.firstresult)
-        except Exception as exc:
-            if not self._alive:  # the plugin left: the call may have reached the fallbacks
-                raise no_longer_registered(self.name) from exc
-            raise
+        return call.execute(hook_name, call.implementations, kwargs, call.firstresult)
 
     def _first(self, hook_name: str, **kwargs: Any) -> tuple[Any, str | None]:
         """A first-result hook's answer, and the plugin that gave it (``None``: nobody
@@ -283,19 +274,25 @@ class AcceleratorHooks:
 
     def _context(self, hook_name: str, **kwargs: Any) -> AbstractContextManager[Any]:
         """A first-result hook's answer, checked to be a context manager."""
-        context, who = self._first(hook_name, **kwargs)
-        if not (hasattr(context, "__enter__") and hasattr(context, "__exit__")):
-            raise self._bad(
-                hook_name, f"returned {type(context).__name__}, not a context manager", who
-            )
+        context = self._shaped(hook_name, AbstractContextManager, "a context manager", **kwargs)
         return context  # type: ignore[no-any-return]
 
-    def _expect(self, hook_name: str, expected: type[_T], **kwargs: Any) -> _T:
-        """A first-result hook's answer, checked to be an ``expected``."""
+    def _shaped(self, hook_name: str, expected: type, what: str, /, **kwargs: Any) -> Any:
+        """A first-result hook's answer, checked to be an ``expected`` (``what``: a
+        context manager, an iterable: what the message says it is not)."""
+        result, who = self._first(hook_name, **kwargs)
+        if not isinstance(result, expected):
+            raise self._bad(hook_name, f"returned {type(result).__name__}, not {what}", who)
+        return result
+
+    def _expect(self, hook_name: str, expected: type[_T], what: str = "", /, **kwargs: Any) -> _T:
+        """A first-result hook's answer, checked to be an ``expected`` (``what``: the
+        name the message gives it, if not the class's)."""
         result, who = self._first(hook_name, **kwargs)
         if isinstance(result, expected):
             return result
-        raise self._bad(hook_name, f"returned {shown(result)}; expected {expected.__name__}", who)
+        problem = f"returned {shown(result)}; expected {what or expected.__name__}"
+        raise self._bad(hook_name, problem, who)
 
     def _vetted(self, hook_name: str, problem: Callable[[Any], str | None], **kwargs: Any) -> Any:
         """A first-result hook's answer, unless ``problem`` finds it wrong (then raised)."""
