@@ -127,22 +127,19 @@ def index_error(
 ) -> AcceleratorUnavailableError:
     """A device index beyond the count (``requested``: the name as written, and where
     it came from)."""
+    if accelerator == "cpu":
+        remedy = "The CPU accelerator has one device: use 'cpu'."
+    else:
+        hint = visibility_hint(accelerator)  # named by its device type (cuda), or no hint
+        also = f", or check {hint}" if hint else ""
+        remedy = f"Ask for {describe_index_range(accelerator, count)}{also}."
     return AcceleratorUnavailableError(
         f"device index {index} requested ({requested}) but "
         f"{accelerator!r} has {count} device{'s' if count != 1 else ''} here "
-        f"(valid: {', '.join(str(i) for i in range(count)) or 'none'}). "
-        f"{_index_remedy(accelerator, count)}",
+        f"(valid: {', '.join(str(i) for i in range(count)) or 'none'}). {remedy}",
         accelerator=accelerator,
         reason=f"index {index} >= device count {count}",
     )
-
-
-def _index_remedy(accelerator: str, count: int) -> str:
-    if accelerator == "cpu":
-        return "The CPU accelerator has one device: use 'cpu'."
-    hint = visibility_hint(accelerator)  # named by its device type (cuda), or no hint
-    also = f", or check {hint}" if hint else ""
-    return f"Ask for {describe_index_range(accelerator, count)}{also}."
 
 
 def no_longer_registered(accelerator: str) -> AcceleratorNotFoundError:
