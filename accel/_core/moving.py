@@ -40,56 +40,47 @@ def move_model(
     """:meth:`accel.Accelerator.model_to_device` (see there): the move transaction, one
     capture, one decision, the hooks in order, the ties finished on the module the move
     returned, everything undone on failure."""
-    wrapped = _mp_model_wrapper_parts(model)
-    if wrapped is not None:
-        module, lock = wrapped
-        with lock:  # forked processes share the wrapped model's pages: one at a time
-            return move_model(hooks, spec, device, tie_check, module, optimizer)  # type: ignore[return-value]
     if not isinstance(model, nn.Module):
-        raise AcceleratorTypeError(
-            f"model_to_device expects a torch.nn.Module, got {type(model).__name__}; "
-            f"use batch_to_device for tensors and containers of tensors"
-        )
+        module, lock = _mp_model_wrapper_parts(model)
+        with lock:  # forked processes share the wrapped model's pages: one at a time
+            return move_model(hooks, spec, device, tie_check, module, optimizer)
     optimizers = _as_optimizer_list(optimizer)
     # One move of a model at a time: a second thread's snapshot would see the
     # slots the first one emptied for its move. Moves of other models go on.
     with _move_lock(model):
-        # Already there, and only torch's own .to() runs (no plugin's move hook): nothing
-        # can change, so there is nothing to capture or undo (the capture costs half as
-        # much as the .to()).
-        capture: RestorePoint | None = None
+        # Already there, and only accel's fallback would run (no plugin takes part in a
+        # move): its model.to(device) provably returns the model unchanged, so there is
+        # nothing to do, capture or undo (the capture alone costs half the .to()).
         if (
-            optimizers
-            or spec.unties_weights
-            or any(map(hooks.answered_by_plugin, _MOVE_HOOKS))
-            or not unchanged_by_torch_move(model, device)
+            not optimizers
+            and not spec.unties_weights
+            and not any(map(hooks.answered_by_plugin, _MOVE_HOOKS))
+            and unchanged_by_torch_move(model, device)
         ):
-            capture = RestorePoint(model)  # the one capture: the undo and the tie groups
-            if optimizers:
-                check_optimizers_hold(optimizers, model, capture.parameter_ids())
+            return model
+        capture = RestorePoint(model)  # the one capture: the undo and the tie groups
+        if optimizers:
+            check_optimizers_hold(optimizers, model, capture.parameter_ids())
         context = MoveContext(spec.name, device, tie_check)
         kept: KeptMove | None = None
         try:
             hooks.pre_move_hook(model, device, context)
             # The declaration only overrides torch's rule; CPU <-> CUDA never gets past it.
-            if capture is not None and (
-                spec.unties_weights or move_unties(capture.device_samples(), device)
-            ):
+            if spec.unties_weights or move_unties(capture.device_samples(), device):
                 # After every pre_move_hook: each saw the model whole.
                 hollow = not hooks.answered_by_plugin("model_to_device")
                 kept = KeptMove(capture.slots(), hollow=hollow)
             moved = hooks.model_to_device(model, device, context)
-            if capture is not None:
-                capture.mark_moved()
+            capture.mark_moved()
             if kept is not None:  # before every post_move_hook: each sees it re-tied
                 kept.finish(model, moved, device, context)
             hooks.post_move_hook(moved, device, context)
             if kept is not None:
                 kept.still_held(moved, device, context)
-            if capture is not None and optimizers:
+            if optimizers:
                 follow_moved_parameters(optimizers, capture.moved_parameters(moved), device)
         except BaseException as exc:
-            add_note(exc, _restored_note(device, capture.restore() if capture is not None else []))
+            add_note(exc, _restored_note(device, capture.restore()))
             raise
         return moved  # type: ignore[return-value]
 
@@ -105,7 +96,7 @@ _MODULE_APPLY: Final = torch.nn.Module._apply
 
 def unchanged_by_torch_move(model: nn.Module, device: torch.device) -> bool:
     """Whether torch's own ``model.to(device)`` provably changes nothing in ``model``,
-    so that a move which runs no plugin code has nothing to capture or undo.
+    so that a move which runs no plugin code has nothing to do.
 
     True when neither of torch's conversion flags is set, the model's ``to`` and every
     module's ``_apply`` are torch's own, and every parameter, gradient and buffer is a
@@ -263,15 +254,19 @@ def _forget_lock(key: int, reference: weakref.ref[nn.Module]) -> None:
             del _MOVE_LOCKS[key]
 
 
-def _mp_model_wrapper_parts(obj: object) -> tuple[nn.Module, Any] | None:
-    """The model and lock inside torch_xla's ``MpModelWrapper``, else ``None``.
+def _mp_model_wrapper_parts(obj: object) -> tuple[nn.Module, Any]:
+    """The model and lock inside ``obj``, torch_xla's ``MpModelWrapper`` (not a module);
+    anything else that is not a module is refused.
 
     Recognised by its class, without importing torch_xla; the attributes are the ones
     its own ``to()`` uses (stable across torch_xla releases).
     """
     cls = type(obj)
     if cls.__name__ != "MpModelWrapper" or not cls.__module__.startswith("torch_xla"):
-        return None
+        raise AcceleratorTypeError(
+            f"model_to_device expects a torch.nn.Module, got {cls.__name__}; "
+            f"use batch_to_device for tensors and containers of tensors"
+        )
     module, lock = getattr(obj, "_model", None), getattr(obj, "_lock", None)
     if module is None or lock is None:
         raise AcceleratorTypeError(
