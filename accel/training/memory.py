@@ -53,10 +53,6 @@ def memory_stats_problem(result: object) -> str | None:
     return None
 
 
-def _is_byte_count(value: object) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
-
-
 def _resident_bytes() -> int | None:
     try:  # Linux: the second field of statm is resident pages
         with open("/proc/self/statm", encoding="ascii") as statm:

@@ -10,14 +10,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import torch
 
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["autocast_to"]
 
