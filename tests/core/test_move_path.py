@@ -19,8 +19,10 @@ from helpers.models import TiedLM
 from helpers.registries import isolated_registry
 from helpers.strategies import torch_future_flag
 
-#: The most accel modules a CPU -> CPU move may enter: the handle, the move, the
-#: capture, the hook caller, the fallback and the move's context type.
+#: The most accel modules a CPU -> CPU move that runs the hooks may enter: the handle,
+#: the move, the capture, the hook caller, the fallback and the move's context type (a
+#: model already there, where no plugin takes part, enters only the handle, the move and
+#: the hook caller).
 MOST_MODULES = 6
 
 
@@ -41,18 +43,33 @@ def _accel_modules_entered(call: Callable[[], Any]) -> set[str]:
     return entered
 
 
+class _OwnApply(TiedLM):
+    """A model with its own ``_apply``: torch's ``.to()`` may change it, so even a
+    CPU -> CPU move runs the hooks, under a capture."""
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        return super()._apply(fn, recurse)
+
+
+@pytest.mark.parametrize(
+    ("model_class", "most_modules"),
+    [(TiedLM, 3), (_OwnApply, MOST_MODULES)],
+    ids=["already-there", "through-the-hooks"],
+)
 def test_a_cpu_move_of_a_tied_model_enters_few_accel_modules(
-    registry: accel.AcceleratorRegistry,
+    registry: accel.AcceleratorRegistry, model_class: type[TiedLM], most_modules: int
 ) -> None:
     cpu = registry.get_accelerator("cpu")
-    model = TiedLM()
+    model = model_class()
     cpu.model_to_device(model)  # the first move of a handle may set up caches
     entered = _accel_modules_entered(lambda: cpu.model_to_device(model))
     assert not any(name.startswith("accel.plugins.tpu") for name in entered), entered
     assert not any(
         name.startswith("accel.tying") and name != "accel.tying._capture" for name in entered
     ), entered
-    assert len(entered) <= MOST_MODULES, ", ".join(sorted(entered))
+    assert len(entered) <= most_modules, ", ".join(sorted(entered))
+    # The second case really went through the hooks: accel's fallback moved it.
+    assert ("accel.plugins._fallbacks" in entered) is (model_class is _OwnApply), entered
     assert model.head.weight is model.embed.weight
 
 
