@@ -5,7 +5,10 @@
 * ``acc.batch_to_device(batch)`` against ``{k: v.to(device) for k, v in batch.items()}``
   over the same dict of eight tensors;
 * ``acc.model_to_device(model)`` of a 50-layer MLP already on the CPU against
-  ``model.to(device)``: the model moves nowhere, so the difference is accel's whole
+  ``model.to(device)``: the model moves nowhere and no plugin takes part, so accel
+  returns it at once, after proving torch's ``.to()`` would change nothing;
+* the same with an MLP that has its own ``_apply`` (torch's ``.to()`` may then change
+  it): accel runs the whole move, its capture and the hooks, so the difference is its
   fixed cost per move (the worst case for it);
 * ``acc.mark_step()``, a no-op on the CPU, in µs, beside a call of a pluggy hook
   with one no-op implementation (``PluginManager.hook.NAME()``): the floor of any
@@ -36,6 +39,12 @@ CASES: list[tuple[str, str, str, float]] = [
     ("optimizer step (SGD, 1,089 weights)", "acc.optimizer_step", "optimizer.step()", 1.07),
     ("batch: a dict of 8 tensors", "acc.batch_to_device", "dict of .to()", 2.0),
     ("model: a 50-layer MLP, CPU -> CPU", "acc.model_to_device", "model.to(device)", 1.2),
+    (
+        "model: the same, its own _apply (the hooks run)",
+        "acc.model_to_device, hooks",
+        "model.to(device), own _apply",
+        1.2,
+    ),
     ("mark_step (CPU: nothing to do)", "acc.mark_step", "pluggy hook, one no-op", 0.74e-6),
 ]
 
@@ -80,6 +89,12 @@ def _candidates() -> dict[str, Callable[[], object]]:
     }
     mlp = torch.nn.Sequential(*(torch.nn.Linear(64, 64) for _ in range(50)))
 
+    class OwnApply(torch.nn.Sequential):
+        def _apply(self, fn: Any, recurse: bool = True) -> Any:
+            return super()._apply(fn, recurse)
+
+    own_apply = OwnApply(*(torch.nn.Linear(64, 64) for _ in range(50)))
+
     return {
         "acc.optimizer_step": lambda: acc.optimizer_step(optimizer),
         "optimizer.step()": optimizer.step,
@@ -87,6 +102,8 @@ def _candidates() -> dict[str, Callable[[], object]]:
         "dict of .to()": lambda: {key: value.to(device) for key, value in batch.items()},
         "acc.model_to_device": lambda: acc.model_to_device(mlp),
         "model.to(device)": lambda: mlp.to(device),
+        "acc.model_to_device, hooks": lambda: acc.model_to_device(own_apply),
+        "model.to(device), own _apply": lambda: own_apply.to(device),
         "acc.mark_step": acc.mark_step,
         "pluggy hook, one no-op": manager.hook.mark_step,
     }
