@@ -147,70 +147,76 @@ def counterparts(before: SlotContents, replacement: nn.Module) -> dict[int, nn.M
 class RestorePoint:
     """What a model looked like before a move; :meth:`restore` puts it back.
 
-    In-place edits are read from version counters (plain lists, not an object per
-    tensor: it runs on every move). A swap (torch's swap mode, and always for wrapper
-    subclasses) gives the tensor object another implementation with a counter of its
-    own, so the original counter is read through a ``detach()`` taken before the move,
-    which shares it: every Parameter's and gradient's, since a plugin may turn swap
-    mode on inside its own hook, and a buffer's where swap mode is on when the move
+    In-place edits are read from version counters (a plain tuple per tensor, not an
+    object of a class: it runs on every move). A swap (torch's swap mode, and always for
+    wrapper subclasses) gives the tensor object another implementation with a counter of
+    its own, so the original counter is read through a ``detach()`` taken before the
+    move, which shares it: every Parameter's and gradient's, since a plugin may turn
+    swap mode on inside its own hook, and a buffer's where swap mode is on when the move
     begins or the buffer is a wrapper subclass. After an in-place move
     (``param.data = moved``, CPU <-> CUDA) the counter is shared with the moved data
     too, so edits after the move are told apart by :meth:`mark_moved`.
     """
 
     __slots__ = (
-        "_aliases",
         "_at_move",
         "_model",
         "_parameters",
-        "_pointers",
         "_samples",
         "_slots",
-        "_tensors",
         "_training",
-        "_versions",
+        "_watched",
     )
 
     def __init__(self, model: nn.Module) -> None:
         self._model = model
         #: The move's one capture of the model's slots: the undo and the tie groups.
         self._slots = SlotContents(model)
-        self._training = [(module, module.training) for module, *_ in self._slots.modules()]
+        # Unpacked in full: a starred target (`module, *_`) builds a list per module.
+        self._training = [(module, module.training) for module, _, _, _, _ in self._slots.modules()]
         swapping = torch.__future__.get_swap_module_params_on_conversion()
         states: dict[int, _ParameterState] = {}
         # id(tensor) -> (the tensor, an alias sharing its version counter)
         watched: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        samples: dict[str, torch.Tensor] = {}
+        # The first tensor on each device, keyed by the device: reading ``device.type``
+        # builds a new string each time (three times the cost of reading the device), so
+        # the types are read below, once per device.
+        by_device: dict[torch.device, torch.Tensor] = {}
         for _, _, module_parameters, module_buffers, _ in self._slots.modules():
             for parameter in module_parameters.values():
-                if parameter is None or id(parameter) in states:
+                if parameter is None or (key := id(parameter)) in states:
                     continue
-                samples.setdefault(parameter.device.type, parameter)
+                by_device.setdefault(parameter.device, parameter)
                 grad = parameter.grad  # read once: a property, not free on a Parameter
                 # A new alias of the same storage (a reference, not a copy) sharing the
                 # version counter: a move that swaps the Parameter's contents (torch's
                 # swap mode, even turned on inside a hook) leaves it the original's.
                 data, grad_data = parameter.detach(), None if grad is None else grad.detach()
-                states[id(parameter)] = (parameter, data, parameter.requires_grad, grad, grad_data)
-                watched[id(parameter)] = (parameter, data)
+                states[key] = (parameter, data, parameter.requires_grad, grad, grad_data)
+                watched[key] = (parameter, data)
                 if grad is not None and grad_data is not None:
                     watched[id(grad)] = (grad, grad_data)
             for buffer in module_buffers.values():
                 if buffer is not None and id(buffer) not in watched:
-                    samples.setdefault(buffer.device.type, buffer)
+                    by_device.setdefault(buffer.device, buffer)
                     # A plain tensor is its own alias: its counter stays its own across moves.
                     plain = not swapping and type(buffer) in _PLAIN
                     watched[id(buffer)] = (buffer, buffer if plain else buffer.detach())
         self._parameters = list(states.values())
-        self._samples = samples
-        # Inference tensors have no version counter (nor can they change outside it).
-        kept = [pair for pair in watched.values() if not pair[0].is_inference()]
-        self._tensors = [tensor for tensor, _ in kept]
-        self._aliases = [alias for _, alias in kept]
-        self._versions = [alias._version for alias in self._aliases]
-        self._pointers = [_pointer(tensor) for tensor in self._tensors]
-        #: Per tensor, its counter when the move gave it other storage (None: it did not).
-        self._at_move: list[int | None] = [None] * len(kept)
+        self._samples: dict[str, torch.Tensor] = {}
+        for device, tensor in by_device.items():
+            self._samples.setdefault(device.type, tensor)
+        #: Per watched tensor: the tensor, its alias, the alias's counter and the tensor's
+        #: data pointer now. Inference tensors have no version counter (nor can they
+        #: change outside it), so they are left out.
+        self._watched: list[tuple[torch.Tensor, torch.Tensor, int, int]] = [
+            (tensor, alias, alias._version, _pointer(tensor))
+            for tensor, alias in watched.values()
+            if not tensor.is_inference()
+        ]
+        #: Per watched tensor, its counter when the move gave it other storage (None: it
+        #: did not).
+        self._at_move: list[int | None] = [None] * len(self._watched)
 
     def parameter_ids(self) -> set[int]:
         """``id`` of every distinct Parameter of the model when it was captured."""
@@ -244,16 +250,16 @@ class RestorePoint:
         """Call once the move itself is done: in-place edits after this point touch
         the moved tensors, not the values a restore puts back. Notes which tensors
         the move gave other storage, and their counters then."""
-        for index, (tensor, alias, pointer) in enumerate(
-            zip(self._tensors, self._aliases, self._pointers, strict=True)
-        ):
+        at_move: list[int | None] = []
+        for tensor, alias, _, pointer in self._watched:
             # A data pointer tells (cheaply) where there is one; XLA, meta and wrapper
             # tensors have none (0), and their alias tells.
             if pointer or alias is tensor:
                 moved = _pointer(tensor) != pointer
             else:
                 moved = not torch._C._is_alias_of(tensor, alias)  # type: ignore[attr-defined]
-            self._at_move[index] = alias._version if moved else None
+            at_move.append(alias._version if moved else None)
+        self._at_move = at_move
 
     def restore(self) -> list[str]:
         """Put every slot, parameter storage, gradient and training flag back as
@@ -266,8 +272,8 @@ class RestorePoint:
         """
         changed = {
             id(tensor)
-            for tensor, alias, version, at_move in zip(
-                self._tensors, self._aliases, self._versions, self._at_move, strict=True
+            for (tensor, alias, version, _), at_move in zip(
+                self._watched, self._at_move, strict=True
             )
             # Moved in place: later edits hit the moved data, which the restore drops.
             if (alias._version if at_move is None else at_move) != version
