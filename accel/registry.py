@@ -197,29 +197,7 @@ class AcceleratorRegistry:
             return selector
         with self._lock:
             if self._selector is None:
-                if self._loading_thread == threading.get_ident():
-                    current = self._loader.current
-                    who = (
-                        f"accel plugin {current[0]!r} from {current[1]}"
-                        if current is not None
-                        else "a built-in plugin"
-                    )
-                    raise PluginError(
-                        f"{who} used accel (selected, listed or registered an accelerator) "
-                        f"while accel was still loading it; accel can answer only once every "
-                        f"plugin has loaded. Move that call out of the plugin's import-time "
-                        f"code into a hook, which accel calls after loading."
-                    )
-                self._loading_thread = threading.get_ident()
-                try:
-                    self._selector = self._load()
-                except BaseException:
-                    # An interrupt while a plugin hangs: the next use starts afresh.
-                    self._catalog = Catalog()
-                    self._failures = []
-                    raise
-                finally:
-                    self._loading_thread = None
+                self._selector = self._load()
             # After every plugin (a plugin's own name takes precedence). Until then
             # _renamed() is true, so other threads wait on the lock for them.
             if self._renamed():
@@ -227,12 +205,35 @@ class AcceleratorRegistry:
             return self._selector
 
     def _load(self) -> Selector:
-        self._dispatcher = Dispatcher(fallbacks)
-        if self._builtins:
-            # BUILTIN_PLUGINS is read now: tests replace it.
-            for builtin_name, factory in builtin_plugins.BUILTIN_PLUGINS:
-                self._add(factory(), f"accel.builtin.{builtin_name}", BUILTIN_PROVIDER)
-        self._failures.extend(self._loader.load(partial(self._add, entry_point=True)))
+        """Load the built-ins and the entry points, once (under the lock)."""
+        if self._loading_thread == threading.get_ident():
+            current = self._loader.current
+            who = (
+                f"accel plugin {current[0]!r} from {current[1]}"
+                if current is not None
+                else "a built-in plugin"
+            )
+            raise PluginError(
+                f"{who} used accel (selected, listed or registered an accelerator) while "
+                f"accel was still loading it; accel can answer only once every plugin has "
+                f"loaded. Move that call out of the plugin's import-time code into a hook, "
+                f"which accel calls after loading."
+            )
+        self._loading_thread = threading.get_ident()
+        try:
+            self._dispatcher = Dispatcher(fallbacks)
+            if self._builtins:
+                # BUILTIN_PLUGINS is read now: tests replace it.
+                for builtin_name, factory in builtin_plugins.BUILTIN_PLUGINS:
+                    self._add(factory(), f"accel.builtin.{builtin_name}", BUILTIN_PROVIDER)
+            self._failures.extend(self._loader.load(partial(self._add, entry_point=True)))
+        except BaseException:
+            # An interrupt while a plugin hangs: the next use starts afresh.
+            self._catalog = Catalog()
+            self._failures = []
+            raise
+        finally:
+            self._loading_thread = None
         return Selector(self._catalog, self._dispatcher, self._failures, self._lock)
 
     def _add_torch_devices(self) -> None:

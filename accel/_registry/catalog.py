@@ -129,7 +129,8 @@ class Catalog:
 
     def candidates(self, key: str) -> list[Registration]:
         """The registrations ``key`` (a canonical name or alias) may select, ranked."""
-        return [r for r in self.ranked() if r.spec.name in self._claims.get(key, ())]
+        claimed = (self._registrations[name] for name in self._claims.get(key, ()))
+        return sorted(claimed, key=_rank)
 
     def get(self, canonical: str) -> Registration | None:
         return self._registrations.get(canonical)
@@ -141,4 +142,9 @@ class Catalog:
     def ranked(self) -> list[Registration]:
         """Every registration in ``"auto"`` order: highest priority first, then by
         canonical name, so the order never depends on install or load order."""
-        return sorted(self._registrations.values(), key=lambda r: (-r.spec.priority, r.spec.name))
+        return sorted(self._registrations.values(), key=_rank)
+
+
+def _rank(registration: Registration) -> tuple[int, str]:
+    """The ``"auto"`` order's key: highest priority first, then canonical name."""
+    return (-registration.spec.priority, registration.spec.name)
