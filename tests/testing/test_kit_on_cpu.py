@@ -44,6 +44,15 @@ def test_an_unknown_promise_name_is_an_error_listing_the_promises() -> None:
         run("cpu", promises=["moves.teleport"])
 
 
+def test_the_distributed_workers_run_the_kit_module_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Started as `python -m` on the kit's module, a worker ran it a second time beside the
+    # package's copy, and runpy warned so; the workers inherit this filter, which makes
+    # that warning kill them before they start the group.
+    monkeypatch.setenv("PYTHONWARNINGS", "error::RuntimeWarning:runpy")
+    outcomes = run("cpu", registry=isolated_registry(), promises=["distributed.all_reduce"])
+    assert outcomes == [Outcome("distributed.all_reduce", "passed")]
+
+
 LIMITS_MODULE = """
 from accel.testing.conformance import Limits
 

@@ -144,6 +144,15 @@ def _failed_to_start(workdir: Path, workers: list[subprocess.Popen[bytes]]) -> i
     return None
 
 
+# One worker: RANK NAME PORT WORKDIR. Called from the imported module, not run with
+# `python -m`, which would execute this module a second time beside the package's copy.
+_WORKER_CODE = (
+    "import sys\n"
+    f"from {__name__} import _worker\n"
+    "_worker(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4])\n"
+)
+
+
 def _start(subject: Subject) -> list[dict[str, Any]]:
     workdir = subject.workdir
     port = _free_port()
@@ -159,8 +168,8 @@ def _start(subject: Subject) -> list[dict[str, Any]]:
                 subprocess.Popen(
                     [
                         sys.executable,
-                        "-m",
-                        __name__,
+                        "-c",
+                        _WORKER_CODE,
                         str(rank),
                         subject.requested,
                         str(port),
@@ -334,7 +343,3 @@ PROMISES = (
     save_on_main_process,
     failed_save_raises_everywhere,
 )
-
-
-if __name__ == "__main__":  # one worker: RANK NAME PORT WORKDIR
-    _worker(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4])
