@@ -175,11 +175,14 @@ class AccelStrategyBase:
 
         Lightning's own teardown calls ``module.cpu()``, which unties on the way back
         from XLA; accel keeps the ties and re-points the optimizers.
+
+        :raises RuntimeError: the CPU plugin moved ``module`` into a new module object,
+            which Lightning, keeping ``module``, would never see.
         """
         if module is not None and self.root_device.type != "cpu":
             handle = self.lightning_accelerator().handle()
             cpu = accel.get_accelerator("cpu", tie_check=handle.tie_check)
-            cpu.model_to_device(module, optimizer=optimizers)
+            require_in_place(module, cpu.model_to_device(module, optimizer=optimizers), cpu)
 
 
 def require_in_place(model: Module, moved: Module, handle: accel.Accelerator) -> None:

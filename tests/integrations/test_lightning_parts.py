@@ -23,8 +23,11 @@ from accel.integrations.lightning import (
     AccelStrategy,
 )
 from helpers.distributed import free_port, no_launcher_and_no_group  # noqa: F401
+from helpers.fakes import FakeAccelerator
 from helpers.integration_plugins import IndexedVendorPlugin, VendorPlugin
 from helpers.models import TiedLM
+from helpers.registries import isolated_registry
+from helpers.replacing import ReplacingAccelerator
 
 INTEGRATIONS = Path(accel.__file__).resolve().parent / "integrations"
 
@@ -116,6 +119,42 @@ def test_multi_process_strategy_refuses_a_device_accel_would_not_choose() -> Non
         strategy.setup_environment()
     assert accel.distributed.current_context() is None  # the group it started is gone
     assert not torch.distributed.is_initialized()
+
+
+# -- a move that returns a new module ----------------------------------------------
+
+
+def _replacing_registry() -> accel.AcceleratorRegistry:
+    """``replacing`` and ``cpu`` move by returning a copy; ``remote`` is on ``meta``, so
+    that a strategy on it moves back to the CPU at teardown."""
+    registry = isolated_registry(ReplacingAccelerator("replacing"))
+    registry.register(ReplacingAccelerator("cpu"), override=True)
+    registry.register(FakeAccelerator("remote", device="meta"))
+    return registry
+
+
+def test_trainer_strategy_refuses_a_move_into_a_new_module() -> None:
+    strategy = AccelStrategy("replacing", registry=_replacing_registry())
+    model = TiedLM()
+    strategy.model = model
+    with pytest.raises(RuntimeError, match="'replacing' moved the model by returning a new"):
+        strategy.model_to_device()
+
+
+def test_fabric_strategy_refuses_a_move_into_a_new_module() -> None:
+    strategy = AccelFabricStrategy("replacing", registry=_replacing_registry())
+    with pytest.raises(RuntimeError, match="'replacing' moved the model by returning a new"):
+        strategy.module_to_device(TiedLM())
+
+
+def test_teardown_refuses_a_move_back_into_a_new_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The way back takes the default registry's ``cpu``: Lightning keeps ``model``, so a
+    copy returned by the move would leave it where it was, with nothing said."""
+    monkeypatch.setattr(accel, "_default_registry", _replacing_registry())
+    strategy = AccelStrategy("remote")
+    assert strategy.root_device.type == "meta"
+    with pytest.raises(accel.errors.AcceleratorRuntimeError, match="'cpu' moved the model by"):
+        strategy.return_to_cpu(TiedLM(), [])
 
 
 # -- AccelCheckpointIO ---------------------------------------------------------------
