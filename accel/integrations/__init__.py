@@ -11,3 +11,5 @@
 Nothing here is imported by ``import accel``; each module imports its library when
 it is itself imported. See ``docs/integrations.md``.
 """
+
+__all__: list[str] = []  # each integration is a module of its own, with its names

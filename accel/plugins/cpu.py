@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
     from accel.types import MemoryStats
 
+__all__: list[str] = []  # CpuPlugin is public in accel.plugins
+
 
 class CpuPlugin:
     """Host CPU. The fallback every machine has, so the lowest ``"auto"`` priority."""

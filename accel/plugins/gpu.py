@@ -24,6 +24,10 @@ from accel.types import AcceleratorSpec, Availability
 if TYPE_CHECKING:
     import torch
 
+# CudaPlugin and MpsPlugin are public in accel.plugins; the device count without
+# initialising CUDA is the plugin's own business.
+__all__: list[str] = []
+
 
 def cuda_device_count_without_init() -> int | None:
     """Visible CUDA/ROCm devices, without initialising CUDA; ``None`` when unknown.

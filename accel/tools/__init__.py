@@ -1,0 +1,2 @@
+# The command and the pytest plugin are public in their modules.
+__all__: list[str] = []

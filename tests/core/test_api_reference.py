@@ -37,24 +37,41 @@ TOP_MODULES = (
 _BLOCK = re.compile(r"^::: ([\w.]+)\n((?:[ ]{4}.*\n|\n(?=[ ]{4}))*)", re.MULTILINE)
 
 
-def _public_modules() -> dict[str, list[str]]:
-    """Every module without a part starting with ``_``, and its ``__all__`` (read from
-    the source: the integrations' libraries need not be installed)."""
-    modules = {}
+def _public_sources() -> dict[str, str]:
+    """Every module without a part starting with ``_``, and its source."""
+    sources = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
-        if any(part.startswith("_") for part in parts):
+        if not any(part.startswith("_") for part in parts):
+            sources[".".join(parts)] = path.read_text()
+    return sources
+
+
+def _declared_all(source: str) -> list[str] | None:
+    """The module's ``__all__`` (plain or annotated), ``None`` where it has none."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
             continue
-        names: list[str] = []
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.Assign) and any(
-                getattr(target, "id", None) == "__all__" for target in node.targets
-            ):
-                names = list(ast.literal_eval(node.value))
-        modules[".".join(parts)] = names
-    return modules
+        if any(getattr(target, "id", None) == "__all__" for target in targets):
+            return list(ast.literal_eval(node.value))
+    return None
+
+
+def _without_all(sources: dict[str, str]) -> list[str]:
+    return [module for module, source in sources.items() if _declared_all(source) is None]
+
+
+def _public_modules() -> dict[str, list[str]]:
+    """Every public module and its ``__all__`` (read from the source: the integrations'
+    libraries need not be installed); one without counts as none, which
+    :func:`test_every_public_module_declares_its_all` refuses."""
+    return {module: _declared_all(source) or [] for module, source in _public_sources().items()}
 
 
 def _blocks(text: str) -> dict[str, list[str] | None]:
@@ -175,6 +192,21 @@ def _home_problems(objects: dict[object, list[str]]) -> list[str]:
     ]
     problems += [f"{p} mirrors a built-in error: its one home is accel.errors" for p in mirrors]
     return problems
+
+
+def test_every_public_module_declares_its_all() -> None:
+    """A module without ``__all__`` would export every name it defines, yet count as
+    none here: the limit below would not see them."""
+    assert _without_all(_public_sources()) == [], (
+        "public modules without __all__: list what users import from each, or "
+        "`__all__: list[str] = []` with a comment saying where its names are public"
+    )
+
+
+def test_the_all_check_finds_a_module_without_one() -> None:
+    sources = _public_sources()
+    sources["accel.plugins.cpu"] = re.sub(r"(?m)^__all__.*$", "", sources["accel.plugins.cpu"])
+    assert _without_all(sources) == ["accel.plugins.cpu"]
 
 
 def test_the_surface_is_at_most_120_names() -> None:
