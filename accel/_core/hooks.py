@@ -39,7 +39,6 @@ from accel.training._compiling import runnable_backend
 from accel.training.checkpoint._restoring import restored_tensors_problem
 from accel.training.memory import memory_stats_problem
 from accel.training.step import scaler_problem
-from accel.tying._keeping import MOVED_BY_NOTE
 from accel.types import Availability, MemoryStats, MoveContext
 
 if TYPE_CHECKING:
@@ -118,15 +117,16 @@ class AcceleratorHooks:
 
     def model_to_device(
         self, model: nn.Module, device: torch.device, context: MoveContext
-    ) -> nn.Module:
+    ) -> tuple[nn.Module, str]:
+        """The moved module, and the plugin that moved it as messages name it (``""``:
+        accel's fallback, so no plugin to blame for what the move changed)."""
         moved, who = self._first("model_to_device", model=model, device=device, context=context)
-        if who != FALLBACKS_NAME:  # a plugin moved it (None: one of them, pluggy ran it)
-            context.notes[MOVED_BY_NOTE] = self.describe(who, "model_to_device")
         if not isinstance(moved, nn.Module):
             raise self._bad(
                 "model_to_device", f"returned {type(moved).__name__}, not a torch.nn.Module", who
             )
-        return moved
+        movers = self._answerers(who, "model_to_device")
+        return moved, self.describe(who, "model_to_device") if movers else ""
 
     def post_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
         self._call("post_move_hook", model=model, device=device, context=context)
@@ -247,16 +247,20 @@ class AcceleratorHooks:
     def describe(self, plugin_name: str | None, hook_name: str) -> str:
         """Name the plugin that answered ``hook_name`` (``None``: not known, so every
         plain implementation that may have answered), with its provider, for messages."""
-        if plugin_name is not None:
-            names = [plugin_name] if plugin_name != FALLBACKS_NAME else []
-        else:  # in pluggy's call order: the first that may have answered first
-            implementations = self._build(hook_name).implementations
-            names = [impl.plugin_name for impl in plugins_plain(implementations)]
+        names = self._answerers(plugin_name, hook_name)
         if not names:
             return "accel's built-in fallback"
         return "plugin " + " or ".join(
             f"{name!r} ({self._providers.get(name, 'registered in code')})" for name in names
         )
+
+    def _answerers(self, plugin_name: str | None, hook_name: str) -> list[str]:
+        """The plugins that gave (``None``: may have given) ``hook_name``'s answer, in
+        pluggy's call order; empty where accel's fallback did."""
+        if plugin_name is not None:
+            return [plugin_name] if plugin_name != FALLBACKS_NAME else []
+        implementations = self._build(hook_name).implementations
+        return [impl.plugin_name for impl in plugins_plain(implementations)]
 
     # -- calling ----------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from accel._core.hooks import AcceleratorHooks
 from accel._util.notes import add_note
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
 from accel.training.step import follow_moved_parameters
-from accel.tying._capture import RestorePoint
+from accel.tying._capture import RestorePoint, SlotContents
 from accel.tying._keeping import KeptMove
 from accel.types import AcceleratorSpec, MoveContext, TieCheck
 
@@ -65,15 +65,29 @@ def move_model(
         kept: KeptMove | None = None
         try:
             hooks.pre_move_hook(model, device, context)
+            # The ties a move keeps are the model's after every pre_move_hook: where a
+            # plugin has one (it may change them), read again; else the capture's.
+            before = (
+                SlotContents(model)
+                if hooks.answered_by_plugin("pre_move_hook")
+                else capture.slots()
+            )
             # The declaration only overrides torch's rule; CPU <-> CUDA never gets past it.
             if spec.unties_weights or move_unties(capture.device_samples(), device):
-                # After every pre_move_hook: each saw the model whole.
-                hollow = not hooks.answered_by_plugin("model_to_device")
-                kept = KeptMove(capture.slots(), hollow=hollow)
-            moved = hooks.model_to_device(model, device, context)
+                # Hollowed only where torch's own Module.to and _apply move the model: a
+                # plugin's move, or the model's own _apply, may read any slot.
+                hollow = not hooks.answered_by_plugin("model_to_device") and _moved_by_torch(
+                    model, before
+                )
+                kept = KeptMove(before, hollow=hollow)
+            moved, mover = hooks.model_to_device(model, device, context)
             capture.mark_moved()
+            if kept is None and moved is not model:
+                # A module a plugin returned in the model's place is checked on any move:
+                # whatever device it is on, it must have the model's ties.
+                kept = KeptMove(before, hollow=False)
             if kept is not None:  # before every post_move_hook: each sees it re-tied
-                kept.finish(model, moved, device, context)
+                kept.finish(model, moved, device, context, mover)
             hooks.post_move_hook(moved, device, context)
             if kept is not None:
                 kept.still_held(moved, device, context)
@@ -135,6 +149,14 @@ def unchanged_by_torch_move(model: nn.Module, device: torch.device) -> bool:
                 return False
         stack.extend(registries["_modules"].values())
     return True
+
+
+def _moved_by_torch(model: nn.Module, slots: SlotContents) -> bool:
+    """Whether torch's own ``Module.to`` and ``_apply`` move every module of ``slots``
+    (none of the model's classes overrides them)."""
+    return type(model).to is _MODULE_TO and all(
+        type(module)._apply is _MODULE_APPLY for module, _, _, _, _ in slots.modules()
+    )
 
 
 def _stays(tensor: torch.Tensor, device: torch.device) -> bool:

@@ -10,7 +10,7 @@ module the move returned, and the outcome by ``tie_check``.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
@@ -29,11 +29,7 @@ from accel.tying._capture import SlotContents, counterparts
 if TYPE_CHECKING:
     from accel.types import MoveContext, TieCheck
 
-__all__ = ["MOVED_BY_NOTE", "KeptMove", "outcome"]
-
-#: The key in a move's ``context.notes`` under which the hook caller names who
-#: answered ``model_to_device``, so that a tying error can name that plugin.
-MOVED_BY_NOTE: Final = "accel.moved_by"
+__all__ = ["KeptMove", "outcome"]
 
 
 class KeptMove:
@@ -59,11 +55,19 @@ class KeptMove:
             empty_duplicate_slots(list(self._snapshot.groups))
 
     def finish(
-        self, model: nn.Module, moved: nn.Module, device: torch.device, context: MoveContext
+        self,
+        model: nn.Module,
+        moved: nn.Module,
+        device: torch.device,
+        context: MoveContext,
+        mover: str,
     ) -> None:
         """After the move: re-tie ``moved`` (``model`` itself, or the module a plugin
         returned in its place), run its ``tie_weights()``, keep the ties of before, and
         report by ``context.tie_check`` (see :func:`outcome`).
+
+        :param mover: the plugin whose ``model_to_device`` moved it, as messages name
+            it; ``""``: accel's fallback (torch's ``model.to``) did.
         """
         if moved is not model:
             self._snapshot = self._rebased(counterparts(self._before, moved))
@@ -78,9 +82,8 @@ class KeptMove:
         # hooks are checked apart (still_held), and re-tying undoes what a move unties:
         # what is left came from the model's own tie_weights() (the message says so) or
         # from the move itself, which a plugin's move hook did if one answered.
-        mover = context.notes.get(MOVED_BY_NOTE)
         blame = ""
-        if mover is not None and not report.tie_weights_undone:
+        if mover and not report.tie_weights_undone:
             blame = (
                 f"The ties were changed by the model_to_device hook of {mover}, in a way "
                 f"re-tying the groups of before cannot undo. Report this to the plugin's authors."

@@ -73,6 +73,22 @@ def test_a_cpu_move_of_a_tied_model_enters_few_accel_modules(
     assert model.head.weight is model.embed.weight
 
 
+def test_a_cpu_move_with_an_optimizer_enters_only_the_optimizers_module_more(
+    registry: accel.AcceleratorRegistry,
+) -> None:
+    # The optimizers that follow the move are handed over by the training step's module
+    # (accel.training.step, which Lightning's strategies use too): the one module more.
+    cpu = registry.get_accelerator("cpu")
+    model = _OwnApply()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    cpu.model_to_device(model, optimizer=optimizer)
+    entered = _accel_modules_entered(lambda: cpu.model_to_device(model, optimizer=optimizer))
+    assert "accel.training.step" in entered
+    assert len(entered - {"accel.training.step"}) <= MOST_MODULES, ", ".join(sorted(entered))
+    assert not any(name.startswith(("accel.plugins.tpu", "accel.tying._k")) for name in entered)
+    assert optimizer.param_groups[0]["params"][0] is model.embed.weight
+
+
 class _CountedCaptures:
     """Counts the captures (restore points) moves take, by wrapping the real one."""
 

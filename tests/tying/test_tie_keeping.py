@@ -9,6 +9,7 @@ to ``meta``, which gives every slot a Parameter of its own exactly like XLA.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -264,6 +265,97 @@ def test_the_tying_error_and_warning_name_the_plugin_whose_move_made_the_tie() -
     with pytest.warns(accel.TyingWarning) as caught:
         _tying_npu("warn").model_to_device(_two_layers())
     assert f"by the model_to_device hook of {plugin}" in str(caught[0].message)
+
+
+class UntyingBeforeTheMove(VendorPlugin):
+    """A vendor whose ``pre_move_hook`` unties ``b`` on purpose (new values, its own
+    Parameter), and whose move is torch's."""
+
+    @accel.hookimpl
+    def get_device(self) -> torch.device:
+        return torch.device("cpu")  # values stay comparable
+
+    @accel.hookimpl
+    def pre_move_hook(self, model: nn.Module) -> None:
+        model.b.weight = nn.Parameter(torch.full_like(model.b.weight, 7.0))
+
+
+def test_the_ties_a_move_keeps_are_the_models_after_every_pre_move_hook() -> None:
+    # The hookspec's promise: the groups are recorded after every pre_move_hook, so what
+    # one did on purpose is the truth, not undone by re-tying the groups of before.
+    model = _two_layers()
+    model.b.weight = model.a.weight
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    registry.register(UntyingBeforeTheMove())
+    moved = registry.get_accelerator("npu").model_to_device(model)
+    assert moved.b.weight is not moved.a.weight
+    assert torch.equal(moved.b.weight, torch.full((2, 2), 7.0))
+    assert torch.equal(moved.a.weight, torch.ones(2, 2))
+
+
+class _GrowsWhenMoved(nn.Module):
+    """A model whose own ``_apply`` adds a parameter: the move changes it, no plugin."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2, bias=False)
+        self.b = nn.Linear(2, 2, bias=False)
+        self.b.weight = self.a.weight
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        moved = super()._apply(fn, recurse)
+        self.a.extra = nn.Parameter(torch.zeros(1, device=self.a.weight.device))
+        return moved
+
+
+class _PassThroughMove:
+    """A cross-cutting wrapper around every accelerator's ``model_to_device``."""
+
+    @accel.hookimpl(wrapper=True)
+    def model_to_device(self) -> Any:
+        return (yield)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_change_accels_own_move_made_blames_no_plugin_even_under_a_wrapper(
+    wrapped: bool,
+) -> None:
+    # The answer came from accel's fallback: a wrapper around it, which may have
+    # changed the answer, is no plugin's move to blame either (it is blamed for what
+    # it raises).
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    registry.register(VendorPlugin())
+    if wrapped:
+        registry.register(_PassThroughMove())
+    with pytest.raises(accel.WeightTyingError, match="Before: 1 After: 2") as info:
+        registry.get_accelerator("npu").model_to_device(_GrowsWhenMoved())
+    assert "model_to_device hook of" not in str(info.value)
+    assert "fallback" not in str(info.value)
+
+
+class _ReadsItsWeightsWhenMoved(nn.Module):
+    """A model whose own ``_apply`` reads every weight before moving."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2, bias=False)
+        self.b = nn.Linear(2, 2, bias=False)
+        self.b.weight = self.a.weight
+        self.norms: list[float] = []
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        self.norms = [float(self.a.weight.detach().norm()), float(self.b.weight.detach().norm())]
+        return super()._apply(fn, recurse)
+
+
+def test_a_model_with_its_own_apply_sees_every_slot_filled_during_the_move() -> None:
+    # accel empties the duplicate tied slots for a move torch's Module.to makes, so each
+    # shared tensor crosses once; a model's own _apply may read them, so not for it.
+    model = _ReadsItsWeightsWhenMoved()
+    moved = _npu().model_to_device(model)
+    assert model.norms[0] == model.norms[1] > 0
+    assert moved.b.weight is moved.a.weight
+    assert moved.a.weight.device.type == "meta"
 
 
 def test_a_tie_the_models_own_tie_weights_breaks_blames_no_plugin() -> None:
