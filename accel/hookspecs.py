@@ -470,14 +470,16 @@ def save(accelerator: str, obj: Any, path: str | os.PathLike[str]) -> None:
     process returns once the file is complete, and a failed write raises an
     ``OSError`` on every process. The fallback
     (:func:`accel.training.checkpoint.save_on_main_process`) writes on rank 0 and tells
-    the others. ``acc.save(..., asynchronous=True)``: in a background thread, only on
-    the process that writes (a lone process, or rank 0 of a distributed job), with
-    ``obj`` a snapshot whose tensors are all on the CPU: only write, use no collective;
-    accel tells the other ranks over a gloo group of its own. Example::
+    the others. ``acc.save(..., asynchronous=True)``: in accel's background writer,
+    only on the process that writes (a lone process, or rank 0 of a distributed job),
+    with ``obj`` a snapshot whose tensors are all on the CPU: only write, use no
+    collective; accel tells the other ranks over a gloo group of its own.
+    :func:`accel.training.checkpoint.writing_in_background` tells the modes apart (not
+    the thread: a loop may run in one of its own, as Ray Train's does). Example::
 
         @accel.hookimpl
         def save(obj, path):
-            if threading.current_thread() is not threading.main_thread():
+            if accel.training.checkpoint.writing_in_background():
                 accel.training.checkpoint.atomic_save(obj, path)  # only write
             else:
                 if my_runtime.rank() == 0:

@@ -15,7 +15,6 @@ them. On GPT-2 small that is a quarter of the step's time and a gigabyte of memo
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from accel.plugins._xla_cut import cut, hold_for_step, release_held
 from accel.plugins._xla_gradients import note_reduced, reduce_for_clipping, reduce_for_step
 from accel.plugins._xla_loader import XlaLoader, chain, watch_model
 from accel.plugins._xla_loader import loop_state as _loop_state
+from accel.training.checkpoint import writing_in_background
 from accel.training.checkpoint._atomic import atomic_save
 from accel.training.checkpoint._main_process import Word, in_a_job, written_by_main
 from accel.training.device_loader import DeviceLoader
@@ -165,14 +165,15 @@ class XlaTrainingHooks:
     def save(self, obj: Any, path: Any) -> None:
         import torch_xla.runtime as xr
 
-        if xr.world_size() == 1 or (in_a_job() and _in_a_thread()):
+        background = writing_in_background()
+        if xr.world_size() == 1 or (background and in_a_job()):
             # Alone; or the background write of an asynchronous save on rank 0, whose
             # word accel carries to the other ranks over a gloo group of its own.
             atomic_save(obj, path)
             return
-        if _in_a_thread():
-            # An asynchronous save: the replicas' word travels as an XLA collective,
-            # which a thread beside the training loop's tracing must not run.
+        if background:
+            # Every replica writes in the background here; their word would travel as
+            # an XLA collective, which a thread beside the loop's tracing must not run.
             raise AcceleratorRuntimeError(
                 f"save: an asynchronous save of {str(path)!r} in a multi-process XLA run "
                 f"needs a torch.distributed group (accel.distributed.init_process_group"
@@ -214,10 +215,6 @@ class XlaTrainingHooks:
                 f"saved it, or leave the 'device' entry out (the device draws then differ)"
             )
         xm.set_rng_state(int(state["seed"]), device=str(device))
-
-
-def _in_a_thread() -> bool:
-    return threading.current_thread() is not threading.main_thread()
 
 
 def _rendezvous(word: Word) -> Word:

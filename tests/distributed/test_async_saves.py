@@ -51,6 +51,37 @@ def test_rank_0s_failed_write_is_raised_on_every_rank(tmp_path: Path) -> None:
     assert rank0["previous_intact"] and rank1["previous_intact"]
 
 
+def test_a_pass_through_save_wrapper_leaves_the_background_write_to_rank_0(
+    tmp_path: Path,
+) -> None:
+    # The wrapper makes the save hook "answered"; accel's fallback then runs in rank
+    # 0's background thread, where it must only write (no broadcast nobody joins).
+    code, output = _launch("async_ranks.py", "wrapper", str(tmp_path))
+    assert code == 0, output
+    rank0, rank1 = read_reports(tmp_path, 2)
+    assert rank0["wrapper_calls"] == 1 and rank1["wrapper_calls"] == 0
+    assert rank0["written_here"] == [str(tmp_path / "c.pt")]
+    assert rank1["written_here"] == []
+    for report in (rank0, rank1):
+        assert report["complete"] is True
+        assert report["stored_rank"] == 0
+
+
+def test_a_synchronous_save_from_a_loop_thread_is_written_by_rank_0_alone(
+    tmp_path: Path,
+) -> None:
+    # Ray Train runs the loop in a thread: that is no background write.
+    code, output = _launch("async_ranks.py", "thread", str(tmp_path))
+    assert code == 0, output
+    rank0, rank1 = read_reports(tmp_path, 2)
+    assert rank0["written_here"] == [str(tmp_path / "c.pt")]
+    assert rank1["written_here"] == []
+    for report in (rank0, rank1):
+        assert report["failure"] is None
+        assert report["complete"] is True
+        assert report["stored_rank"] == 0
+
+
 def test_an_asynchronous_sharded_save_holds_the_state_from_before_it_returned(
     tmp_path: Path,
 ) -> None:

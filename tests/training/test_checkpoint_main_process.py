@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +17,21 @@ import pytest
 import torch
 
 import accel
-from accel.training.checkpoint import _async_save, _save
+from accel.training.checkpoint import _async_save, _save, writing_in_background
 from accel.training.checkpoint._atomic import atomic_save
 from accel.training.checkpoint._main_process import written_by_main
 from helpers.registries import isolated_registry
 from helpers.training_fakes import BareAccelerator
 
 SAVE_GROUP = object()
+
+
+class PassesSaveThrough:
+    """A cross-cutting plugin that wraps ``save`` and changes nothing."""
+
+    @accel.hookimpl(wrapper=True)
+    def save(self) -> Generator[None, Any, Any]:
+        return (yield)
 
 
 class WritingAccelerator(BareAccelerator):
@@ -171,3 +179,30 @@ def test_the_main_process_raises_its_own_failure_after_telling_the_others(
     with pytest.raises(KeyboardInterrupt):
         written_by_main(write, tmp_path / "c.pt", main=True, tell=tell)
     assert told == [(None, "KeyboardInterrupt: ")]
+
+
+def test_only_accels_background_writer_is_writing_in_background(tmp_path: Path) -> None:
+    seen: dict[str, bool] = {"main": writing_in_background()}
+
+    def look(name: str) -> None:
+        seen[name] = writing_in_background()
+
+    loop = threading.Thread(target=look, args=("another thread",))  # a loop's, say
+    loop.start()
+    loop.join()
+    with _async_save.one_save_at_a_time():
+        pending = _async_save.start_background(tmp_path / "c.pt", look, "the writer")
+    pending.wait()
+    assert seen == {"main": False, "another thread": False, "the writer": True}
+
+
+def test_a_pass_through_wrapper_leaves_the_background_write_collective_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The wrapper answers "save", so accel's fallback writes in rank 0's thread: it
+    # must only write there, never broadcast on the default group nobody else joins.
+    acc = isolated_registry(PassesSaveThrough()).get_accelerator("cpu")
+    groups = play_rank(monkeypatch, 0)
+    acc.save({"x": torch.ones(2)}, tmp_path / "c.pt", asynchronous=True).wait()
+    assert groups == [SAVE_GROUP]
+    assert torch.equal(torch.load(tmp_path / "c.pt")["x"], torch.ones(2))

@@ -4,12 +4,15 @@ does not show in later draws."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 import accel
+from accel.errors import AcceleratorRuntimeError
 from helpers.models import TiedLM
 
 pytestmark = pytest.mark.xla
@@ -131,3 +134,72 @@ def test_the_master_ordinals_word_travels_over_xlas_rendezvous(
 
     # One replica here: what it says is what every replica hears, the same word.
     assert _rendezvous(word) == word  # type: ignore[arg-type]
+
+
+def _replica_of_two(monkeypatch: pytest.MonkeyPatch, *, master: bool, job: bool) -> list[object]:
+    """Make the TPU plugin's save see one of two replicas (``job``: with a
+    torch.distributed group); returns the words it sent over XLA's rendezvous."""
+    pytest.importorskip("torch_xla", reason="the XLA tier has torch_xla")
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    from accel.plugins import _xla_training
+
+    told: list[object] = []
+    monkeypatch.setattr(xr, "world_size", lambda: 2)
+    monkeypatch.setattr(xm, "is_master_ordinal", lambda local=True: master)
+    monkeypatch.setattr(_xla_training, "in_a_job", lambda: job)
+    monkeypatch.setattr(_xla_training, "_rendezvous", lambda word: told.append(word))
+    return told
+
+
+def _in_a_thread(run: Callable[[], None]) -> BaseException | None:
+    failures: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run()
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    return failures[0] if failures else None
+
+
+def test_a_synchronous_save_from_a_loop_thread_is_written_by_the_master_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ray Train runs the loop in a thread: that is no background write, so a replica
+    # other than the master waits for its word rather than writing.
+    from accel.plugins._xla_training import XlaTrainingHooks
+
+    told = _replica_of_two(monkeypatch, master=False, job=True)
+    path = tmp_path / "c.pt"
+    assert _in_a_thread(lambda: XlaTrainingHooks().save({"x": torch.ones(2)}, path)) is None
+    assert not path.exists()
+    assert told == [None]
+
+
+@pytest.mark.parametrize("job", [True, False])
+def test_the_background_write_only_writes_or_asks_for_a_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: bool
+) -> None:
+    from accel.plugins._xla_training import XlaTrainingHooks
+    from accel.training.checkpoint import _async_save
+
+    told = _replica_of_two(monkeypatch, master=True, job=job)
+    path = tmp_path / "c.pt"
+    with _async_save.one_save_at_a_time():
+        pending = _async_save.start_background(
+            path, lambda obj: XlaTrainingHooks().save(obj, path), {"x": torch.ones(2)}
+        )
+    if job:
+        pending.wait()
+        assert torch.equal(torch.load(path)["x"], torch.ones(2))
+    else:
+        with pytest.raises(AcceleratorRuntimeError, match=r"needs a torch\.distributed group"):
+            pending.wait()
+        assert not path.exists()
+    assert told == []  # no collective from the writer's thread

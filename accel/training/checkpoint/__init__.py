@@ -18,7 +18,7 @@ plugin author use directly.
 
 from __future__ import annotations
 
-from accel.training.checkpoint._async_save import PendingSave
+from accel.training.checkpoint._async_save import PendingSave, writing_in_background
 from accel.training.checkpoint._atomic import atomic_save
 from accel.training.checkpoint._main_process import save_on_main_process
 from accel.training.checkpoint._preemption import PreemptionGuard
@@ -38,4 +38,5 @@ __all__ = [
     "list_checkpoints",
     "prune_checkpoints",
     "save_on_main_process",
+    "writing_in_background",
 ]

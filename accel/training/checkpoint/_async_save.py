@@ -20,7 +20,9 @@ In a :mod:`torch.distributed` job, rank 0 writes. The other ranks learn the outc
 from rank 0 over a gloo group of accel's own (:func:`save_group`), created at the
 first asynchronous save on every rank, so that the background threads never share a
 communicator with the loop's collectives; under nccl it is the host-capable group
-DCP's ``async_save`` needs too.
+DCP's ``async_save`` needs too. The background thread is marked, so that a ``save``
+hook knows it only writes there (:func:`writing_in_background`): a thread of its own
+is no sign, since a loop may run in one (Ray Train's does).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ __all__ = [
     "save_group",
     "start_background",
     "wait_for_saves",
+    "writing_in_background",
 ]
 
 
@@ -106,6 +109,18 @@ _SLOT: Final = threading.Lock()
 #: The save in flight, or the last one until its failure is reported.
 _current: PendingSave | None = None
 _exit_hook_registered = False
+#: ``writing`` is set in accel's background writer threads only.
+_WRITER: Final = threading.local()
+
+
+def writing_in_background() -> bool:
+    """Whether this call runs in accel's background write of an asynchronous save.
+
+    A ``save`` hook called there runs on the process that writes only, with a CPU
+    snapshot: it only writes, with no collective (accel tells the other ranks). Any
+    other call, from whatever thread, is a synchronous save made on every process.
+    """
+    return bool(getattr(_WRITER, "writing", False))
 
 
 def check_asynchronous(caller: str, asynchronous: object) -> None:
@@ -169,6 +184,7 @@ def start_background(path: Path, work: Callable[[Any], None], payload: Any) -> P
     del payload
 
     def run() -> None:
+        _WRITER.writing = True  # this thread's for good: it ends with the write
         failure: BaseException | None = None
         try:
             work(box.pop())

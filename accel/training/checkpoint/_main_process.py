@@ -19,6 +19,7 @@ from typing import Any
 import torch.distributed as dist
 
 from accel.errors import AcceleratorOSError
+from accel.training.checkpoint._async_save import writing_in_background
 from accel.training.checkpoint._atomic import atomic_save
 
 __all__ = [
@@ -108,8 +109,10 @@ def save_on_main_process(obj: Any, path: str | os.PathLike[str]) -> None:
     """The ``save`` hook's fallback: :func:`~accel.training.checkpoint.atomic_save`
     on the main process of an initialised :mod:`torch.distributed` group (or in a lone
     process); every rank returns once the file is complete, and raises if the main
-    process could not write it."""
-    if not in_a_job():
+    process could not write it. In the background write of an asynchronous save
+    (:func:`~accel.training.checkpoint.writing_in_background`) it only writes: that
+    runs on the main process alone, and accel tells the others itself."""
+    if writing_in_background() or not in_a_job():
         atomic_save(obj, path)
         return
     written_by_main(

@@ -6,6 +6,11 @@ MODE ``wait``: rank 0's write is held until rank 1 has looked at its pending sav
 rank 0 has changed the model after save returned; then every rank's ``wait()`` must
 return with the file complete and holding the values from before the change. MODE
 ``fail``: rank 0's write runs into a file size limit; every rank's ``wait()`` raises.
+MODE ``wrapper``: a plugin wraps the ``save`` hook and passes it through; an
+asynchronous save must still be written by rank 0 alone, with no collective in the
+background (the others hear from it over accel's save group). MODE ``thread``: the loop
+runs in a thread that is not the main one (as Ray Train's does) and saves
+synchronously; rank 0 alone writes, and every rank returns once the file is complete.
 Each rank writes what it saw to ``DIR/rank<r>.json``.
 """
 
@@ -16,15 +21,20 @@ import os
 import resource
 import signal
 import sys
+import threading
 import time
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+import accel
 import accel.distributed
 from accel.training.checkpoint import _atomic as atomic
+from accel.training.checkpoint import _main_process as main_process
+from accel.training.checkpoint import _save as save_pipeline
 
 
 def wait_for(path: Path) -> None:
@@ -45,9 +55,54 @@ def hold_writes_until(path: Path) -> None:
     atomic._RecordingFile.write = write  # type: ignore[method-assign]
 
 
+class PassesSaveThrough:
+    """A cross-cutting plugin that wraps ``save`` and changes nothing."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @accel.hookimpl(wrapper=True)
+    def save(self) -> Generator[None, Any, Any]:
+        self.calls += 1
+        return (yield)
+
+
+def record_atomic_writes() -> list[str]:
+    """The paths this process writes with atomic_save, by whichever caller."""
+    written: list[str] = []
+    real = atomic.atomic_save
+
+    def atomic_save(obj: Any, path: Any) -> None:
+        written.append(str(path))
+        real(obj, path)
+
+    # Both names it is called by: accel's own background write, and the fallback's.
+    save_pipeline.atomic_save = atomic_save
+    main_process.atomic_save = atomic_save
+    return written
+
+
+def save_in_a_thread(acc: Any, obj: Any, path: Path) -> BaseException | None:
+    failures: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            acc.save(obj, path)
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=loop, name="train-loop")
+    thread.start()
+    thread.join()
+    return failures[0] if failures else None
+
+
 def main() -> int:
     mode, directory = sys.argv[1], Path(sys.argv[2])
     directory.mkdir(parents=True, exist_ok=True)
+    wrapper = PassesSaveThrough()
+    if mode == "wrapper":
+        accel.default_registry().register(wrapper, name="passes-save-through")
     context = accel.distributed.init_process_group("cpu", timeout=60)
     acc, rank = context.accelerator, context.rank
     torch.manual_seed(0)
@@ -73,6 +128,18 @@ def main() -> int:
         report["holds_the_old_values"] = all(
             torch.equal(stored["model"][name], value) for name, value in expected.items()
         )
+    elif mode in ("wrapper", "thread"):
+        written = record_atomic_writes()
+        obj = {"rank": torch.tensor(rank)}
+        if mode == "wrapper":
+            acc.save(obj, path, asynchronous=True).wait()
+            report["wrapper_calls"] = wrapper.calls
+        else:
+            failure = save_in_a_thread(acc, obj, path)
+            report["failure"] = None if failure is None else repr(failure)
+        report["complete"] = path.is_file()
+        report["written_here"] = written
+        report["stored_rank"] = int(torch.load(path, weights_only=True)["rank"])
     else:
         acc.save({"small": torch.zeros(4)}, path)
         if rank == 0:
