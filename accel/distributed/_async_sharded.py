@@ -1,7 +1,9 @@
 """``save_sharded(state, path, asynchronous=True)``: DCP's own ``async_save``, writing
 into the temporary directory, and then the commit of a synchronous sharded save, run
 in the background. Once every rank's shards and DCP's ``.metadata`` are written, rank
-0 renames the directory to ``path`` and every rank's ``wait()`` returns.
+0 renames the directory to ``path`` and every rank's ``wait()`` returns: the commit
+(:func:`commit_sharded`) a synchronous sharded save makes too, through the one
+"main process writes, the others hear from it" helper of ``acc.save``.
 
 ``async_save`` stages the state before it returns. Its default stager copies every
 tensor into new CPU storage (CPU tensors too, so the loop's next steps never reach the
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_saver
 
 from accel._util.files import fsync_directory
-from accel.errors import AcceleratorOSError, AcceleratorValueError
+from accel.errors import AcceleratorValueError
 from accel.training.checkpoint._async_save import (
     PendingSave,
     check_asynchronous,
@@ -31,8 +34,9 @@ from accel.training.checkpoint._async_save import (
     save_group,
     start_background,
 )
+from accel.training.checkpoint._main_process import Word, broadcast_from_rank_0, written_by_main
 
-__all__ = ["check_sharded_asynchronous", "save_sharded_in_background"]
+__all__ = ["alone", "check_sharded_asynchronous", "commit_sharded", "save_sharded_in_background"]
 
 
 def check_sharded_asynchronous(asynchronous: object, spmd: bool) -> None:
@@ -74,31 +78,50 @@ def save_sharded_in_background(
 
 
 def _commit(upload: Any, temporary: Path, target: Path, rank: int, group: Any) -> None:
-    failure: BaseException | None = None
+    staged: BaseException | None = None
     try:
         upload.result()  # DCP fails on every rank when one rank could not write
     except BaseException as exc:
-        failure = exc
-    told: str | None = None
-    if rank == 0:
+        staged = exc
+    tell = alone if group is None else broadcast_from_rank_0(group)
+    commit_sharded(temporary, target, main=rank == 0, tell=tell, staged=staged)
+
+
+def commit_sharded(
+    temporary: Path,
+    target: Path,
+    *,
+    main: bool,
+    tell: Callable[[Word], Word],
+    staged: BaseException | None = None,
+) -> None:
+    """Rename the complete checkpoint directory ``temporary`` to ``target`` on the main
+    process; every process returns once it has its name. ``staged`` is DCP's failure
+    to write it (then the directory is removed and ``staged`` raised on every rank).
+
+    :raises OSError: the rename failed: on the main process its own error, elsewhere
+        an :class:`~accel.errors.AcceleratorOSError` with its errno, naming ``target``.
+    """
+
+    def rename() -> None:
         try:
-            if failure is None:
-                os.replace(temporary, target)
-                fsync_directory(target.parent)
-            else:
-                shutil.rmtree(temporary, ignore_errors=True)
-        except BaseException as exc:
-            failure = failure or exc
-        if failure is not None:
-            told = f"{type(failure).__name__}: {failure}"
-    if group is not None:
-        word = [told]
-        dist.broadcast_object_list(word, src=0, group=group)  # the checkpoint has its name
-        told = word[0]
-    if failure is not None:
-        raise failure
-    if told is not None:
-        raise AcceleratorOSError(
-            f"save_sharded: the main process (rank 0) could not complete the checkpoint "
-            f"{str(target)!r}: {told}; the previous checkpoints are unchanged"
-        )
+            if staged is not None:
+                raise staged
+            os.replace(temporary, target)
+            fsync_directory(target.parent)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
+
+    try:
+        written_by_main(rename, target, main=main, tell=tell, caller="save_sharded")
+    except OSError:
+        if staged is None:
+            raise
+    if staged is not None:
+        raise staged  # every rank's own: DCP failed on every rank
+
+
+def alone(word: Word) -> Word:
+    """The ``tell`` of a process that is the whole job: its own word."""
+    return word

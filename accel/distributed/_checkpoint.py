@@ -38,8 +38,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from accel._util.files import TEMPORARY_MARK, fsync_directory, stale_temporaries
-from accel.distributed._async_sharded import check_sharded_asynchronous, save_sharded_in_background
+from accel._util.files import TEMPORARY_MARK, stale_temporaries
+from accel.distributed._async_sharded import (
+    alone,
+    check_sharded_asynchronous,
+    commit_sharded,
+    save_sharded_in_background,
+)
 from accel.distributed._dcp_layouts import (
     PLAIN,
     CheckedLoadPlanner,
@@ -61,6 +66,7 @@ from accel.errors import (
     AcceleratorTypeError,
 )
 from accel.training.checkpoint._async_save import PendingSave, wait_for_saves
+from accel.training.checkpoint._main_process import broadcast_from_rank_0, in_a_job
 from accel.training.checkpoint._rank_generators import (
     gathered_generators,
     own_generators,
@@ -135,19 +141,16 @@ def save_sharded(
         return save_sharded_in_background(app_state, temporary, target)
     try:
         planner = spmd_save_planner() if spmd else None
-        # Ends with every rank done.
+        # Ends with every rank done (or failed on every rank).
         state_dict_saver.save(app_state, checkpoint_id=str(temporary), planner=planner)
-        if dist.is_initialized():
-            dist.barrier()
-        if rank == 0:
-            os.replace(temporary, target)
-            fsync_directory(target.parent)
     except BaseException:
         if rank == 0:
             shutil.rmtree(temporary, ignore_errors=True)
         raise
-    if dist.is_initialized():
-        dist.barrier()  # nobody reads the checkpoint before it has its name
+    # Rank 0 renames; every rank returns once it is done, or raises its failure (the
+    # broadcast is also the barrier: nobody reads the checkpoint before it has its name).
+    tell = broadcast_from_rank_0() if in_a_job() else alone
+    commit_sharded(temporary, target, main=rank == 0, tell=tell)
     return None
 
 

@@ -2,11 +2,12 @@
 
 Every save one process writes for a whole job goes through :func:`written_by_main`:
 ``acc.save``'s fallback write (:func:`save_on_main_process`), its asynchronous write in
-a distributed job, and the TPU plugin's replicas without a :mod:`torch.distributed`
-group. Only the way the word travels differs (a broadcast from rank 0, XLA's
-rendezvous), so a failure reads the same on every rank, whichever way it went: the
-main process raises its own error, every other process an ``OSError`` with the same
-``errno`` (``EIO`` where the failure had none), naming the path.
+a distributed job, the TPU plugin's replicas without a :mod:`torch.distributed` group,
+and ``save_sharded``'s rename of its complete directory (both modes). Only the way the
+word travels differs (a broadcast from rank 0, XLA's rendezvous), so a failure reads
+the same on every rank, whichever way it went: the main process raises its own error,
+every other process an ``OSError`` with the same ``errno`` (``EIO`` where the failure
+had none), naming the path.
 """
 
 from __future__ import annotations
@@ -55,12 +56,14 @@ def written_by_main(
     *,
     main: bool,
     tell: Callable[[Word], Word],
+    caller: str = "save",
 ) -> None:
     """Run ``write`` on the main process; every process returns once it ended.
 
     ``tell`` carries the main process's word to every process and returns it: a
     collective, called on every process (``write`` is not, so whatever it raises on
-    the main process is caught first, or the others would wait forever).
+    the main process is caught first, or the others would wait forever). ``caller``
+    opens the others' message.
 
     :raises OSError: the write failed: on the main process its own error, elsewhere an
         :class:`~accel.errors.AcceleratorOSError` with its errno, naming ``path``.
@@ -83,7 +86,7 @@ def written_by_main(
         name = os.fspath(path)
         raise AcceleratorOSError(
             code if isinstance(code, int) else errno_codes.EIO,
-            f"save: the main process (rank 0) could not write the checkpoint {name!r}: "
+            f"{caller}: the main process (rank 0) could not write the checkpoint {name!r}: "
             f"{told}; the previous file at that path, if any, is unchanged",
             name,
         )
