@@ -1137,9 +1137,9 @@ def _ckpt_save_async_failed(mp: pytest.MonkeyPatch) -> object:
 @case("ckpt-save-async-xla-processes", accel.AcceleratorRuntimeError)
 def _ckpt_save_async_xla_processes(mp: pytest.MonkeyPatch) -> object:
     import tempfile
-    import threading
 
     from accel.plugins._xla_training import XlaTrainingHooks
+    from accel.training.checkpoint import _async_save
 
     # A multi-process PJRT run (torch_xla.launch) without a torch.distributed group.
     runtime = types.ModuleType("torch_xla.runtime")
@@ -1156,18 +1156,15 @@ def _ckpt_save_async_xla_processes(mp: pytest.MonkeyPatch) -> object:
         ("torch_xla.runtime", runtime),
     ]:
         mp.setitem(sys.modules, name, module)  # fmt: skip
-    raised: list[BaseException] = []
+    path = Path(tempfile.mkdtemp()) / "c.pt"
 
-    def background_write() -> None:  # where acc.save(..., asynchronous=True) calls the hook
-        try:
-            XlaTrainingHooks().save({"step": 1}, Path(tempfile.mkdtemp()) / "c.pt")
-        except RuntimeError as exc:
-            raised.append(exc)
+    def write(snapshot: object) -> None:  # where acc.save(..., asynchronous=True) calls it
+        XlaTrainingHooks().save(snapshot, path)
 
-    thread = threading.Thread(target=background_write)
-    thread.start()
-    thread.join()
-    raise raised[0]
+    # accel's own background writer, which the hook asks about (writing_in_background).
+    with _async_save.one_save_at_a_time():
+        pending = _async_save.start_background(path, write, {"step": 1})
+    return pending.wait()
 
 
 @case("ckpt-save-unloadable", accel.AcceleratorTypeError)
