@@ -284,6 +284,7 @@ def test_imports_are_at_the_top_except_on_the_torch_free_path() -> None:
 
 
 def _loaded_after(statement: str) -> set[str]:
+    # A fresh interpreter: what an import pulls in shows only in a new sys.modules.
     code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
@@ -309,6 +310,7 @@ def test_the_torch_free_path_imports_no_torch() -> None:
             "except SystemExit:\n    pass\n"
             "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
         )
+        # A fresh interpreter: whether the command imports torch needs a new sys.modules.
         out = subprocess.run(
             [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
         ).stdout

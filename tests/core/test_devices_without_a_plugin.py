@@ -150,6 +150,7 @@ _TORCHTPU = """
 
 def _run(script: str, device_type: str) -> dict[str, Any]:
     tests = Path(__file__).resolve().parents[1]
+    # A fresh interpreter: renaming PrivateUse1 cannot be undone in a process.
     done = run_python(
         ["-c", _dedent(_PRELUDE) + _dedent(script), device_type],
         env={"PYTHONPATH": str(tests)},

@@ -22,10 +22,13 @@ def _run(code: str, **env: str) -> str:
 
 
 def test_import_accel_loads_nothing_heavy() -> None:
+    # A fresh interpreter: what `import accel` imports shows only in a new sys.modules.
+    # No plugin either: the default registry, which loads them, is built at first use.
     out = _run(
         """
         import sys, accel
-        print(sorted(m for m in ("torch", "torch_xla", "accel.plugins") if m in sys.modules))
+        heavy = ("torch", "torch_xla", "accel.plugins", "accel_example_plugin")
+        print(sorted(m for m in heavy if m in sys.modules))
         print(accel.default_registry.__module__)
         """
     )
@@ -44,6 +47,8 @@ def test_probing_never_initialises_cuda(registry: accel.AcceleratorRegistry) -> 
 
 
 def test_a_process_forked_after_probing_can_still_use_cuda() -> None:
+    # A fresh interpreter that forks (never pytest's own process), whose first CUDA
+    # contact is the probe: only there shows what probing leaves to a forked child.
     # On a CUDA build of torch this is the real check (see test_xla.py for the
     # CUDA-build-without-driver case); on a CPU build it guards the probe's path.
     out = _run(

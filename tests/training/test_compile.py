@@ -177,6 +177,7 @@ def test_compile_runs_forward_and_backward_where_inductor_has_no_backend() -> No
     """Slow: a fresh process (renaming PrivateUse1 lasts for the process), dynamo and
     AOTAutograd trace forward and backward (about 15 s on two busy cores)."""
     tests = Path(__file__).resolve().parents[1]
+    # A fresh interpreter: renaming PrivateUse1 cannot be undone in a process.
     report = last_json_line(
         run_python(_ON_A_DEVICE_WITHOUT_INDUCTOR, env={"PYTHONPATH": str(tests)}, timeout=300)
     )
