@@ -126,7 +126,7 @@ class AcceleratorHooks:
                 "model_to_device", f"returned {type(moved).__name__}, not a torch.nn.Module", who
             )
         movers = self._answerers(who, "model_to_device")
-        return moved, self.describe(who, "model_to_device") if movers else ""
+        return moved, self._named(movers) if movers else ""
 
     def post_move_hook(self, model: nn.Module, device: torch.device, context: MoveContext) -> None:
         self._call("post_move_hook", model=model, device=device, context=context)
@@ -250,7 +250,10 @@ class AcceleratorHooks:
     def describe(self, plugin_name: str | None, hook_name: str) -> str:
         """Name the plugin that answered ``hook_name`` (``None``: not known, so every
         plain implementation that may have answered), with its provider, for messages."""
-        names = self._answerers(plugin_name, hook_name)
+        return self._named(self._answerers(plugin_name, hook_name))
+
+    def _named(self, names: list[str]) -> str:
+        """``names`` (plugins) as messages name them, with their providers."""
         if not names:
             return "accel's built-in fallback"
         return "plugin " + " or ".join(
@@ -262,7 +265,7 @@ class AcceleratorHooks:
         pluggy's call order; empty where accel's fallback did."""
         if plugin_name is not None:
             return [plugin_name] if plugin_name != FALLBACKS_NAME else []
-        implementations = self._build(hook_name).implementations
+        implementations = (self._calls.get(hook_name) or self._build(hook_name)).implementations
         return [impl.plugin_name for impl in plugins_plain(implementations)]
 
     # -- calling ----------------------------------------------------------------------

@@ -82,7 +82,9 @@ def move_model(
                 kept = KeptMove(before, hollow=hollow)
             moved, mover = hooks.model_to_device(model, device, context)
             capture.mark_moved()
-            if kept is None and moved is not model:
+            if isinstance(moved, torch.jit.ScriptModule):
+                kept = None  # TorchScript holds its slots itself: none to read or re-tie
+            elif kept is None and moved is not model:
                 # A module a plugin returned in the model's place is checked on any move:
                 # whatever device it is on, it must have the model's ties.
                 kept = KeptMove(before, hollow=False)

@@ -105,3 +105,23 @@ def test_a_copy_that_fails_in_a_plugins_move_names_the_hook_and_the_plugin() -> 
     assert "raised in hook 'model_to_device' of plugin" in notes
     assert "CopyingPlugin" in notes
     assert model.head.weight is model.embed.weight
+
+
+class TracingPlugin(CopyingPlugin):
+    """Returns the moved model traced by TorchScript, as a vendor's compiled move may."""
+
+    @accel.hookimpl
+    def model_to_device(self, model: nn.Module, device: torch.device) -> nn.Module:
+        return torch.jit.trace(model.to(device), torch.tensor([[1, 2]]))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
+def test_a_torchscript_replacement_is_returned_as_it_is() -> None:
+    # TorchScript keeps its parameters in slots of its own, which accel cannot read or
+    # re-tie: the move returns the traced module rather than failing inside accel.
+    model = TiedLM()
+    tokens = torch.tensor([[3, 4]])
+    expected = model(tokens)
+    moved = _npu(TracingPlugin("cpu")).model_to_device(model)
+    assert isinstance(moved, torch.jit.ScriptModule)
+    assert torch.equal(moved(tokens), expected)
