@@ -21,6 +21,7 @@ import accel
 from accel.errors import AcceleratorRuntimeError, AcceleratorTypeError, AcceleratorValueError
 from accel.integrations._lightning_accelerator import AccelAccelerator, as_lightning_accelerator
 from accel.integrations._lightning_checkpoint import AccelCheckpointIO
+from accel.training.step import retarget_optimizers
 
 if TYPE_CHECKING:
     from lightning.fabric.plugins import CheckpointIO
@@ -182,7 +183,11 @@ class AccelStrategyBase:
         if module is not None and self.root_device.type != "cpu":
             handle = self.lightning_accelerator().handle()
             cpu = accel.get_accelerator("cpu", tie_check=handle.tie_check)
-            require_in_place(module, cpu.model_to_device(module, optimizer=optimizers), cpu)
+            before = dict(module.named_parameters(remove_duplicate=False))
+            # The optimizers follow only a move in place: a new module is refused while
+            # they still hold the parameters of the module Lightning keeps.
+            require_in_place(module, cpu.model_to_device(module), cpu)
+            retarget_optimizers(optimizers, before, module)
 
 
 def require_in_place(model: Module, moved: Module, handle: accel.Accelerator) -> None:

@@ -153,8 +153,13 @@ def test_teardown_refuses_a_move_back_into_a_new_module(monkeypatch: pytest.Monk
     monkeypatch.setattr(accel, "_default_registry", _replacing_registry())
     strategy = AccelStrategy("remote")
     assert strategy.root_device.type == "meta"
+    model = TiedLM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    held = list(optimizer.param_groups[0]["params"])
     with pytest.raises(accel.errors.AcceleratorRuntimeError, match="'cpu' moved the model by"):
-        strategy.return_to_cpu(TiedLM(), [])
+        strategy.return_to_cpu(model, [optimizer])
+    # Refused before the optimizer followed: it still trains the parameters it held.
+    assert optimizer.param_groups[0]["params"] == held
 
 
 # -- AccelCheckpointIO ---------------------------------------------------------------
