@@ -108,10 +108,10 @@ def commit_sharded(
             if staged is not None:
                 raise staged
             os.replace(temporary, target)
-            fsync_directory(target.parent)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
+        fsync_directory(target.parent)  # after the rename, which stands whatever it finds
 
     try:
         written_by_main(rename, target, main=main, tell=tell, caller="save_sharded")
