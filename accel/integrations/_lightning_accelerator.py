@@ -49,6 +49,9 @@ class AccelAccelerator(LightningAccelerator):
     """
 
     _accel: ClassVar[accel.Accelerator | None] = None
+    # The registry ``_accel`` was selected from by name (None: accel's default one, or
+    # a handle given as it is). On the class, like the handle: pickling re-selects.
+    _registry: ClassVar[accel.AcceleratorRegistry | None] = None
 
     def __new__(
         cls,
@@ -60,7 +63,7 @@ class AccelAccelerator(LightningAccelerator):
         bound = type(
             f"{cls.__name__}[{handle.name}]",
             (cls,),
-            {"_accel": handle, "__module__": cls.__module__},
+            {"_accel": handle, "_registry": registry, "__module__": cls.__module__},
         )
         instance: AccelAccelerator = super().__new__(bound)
         return instance
@@ -107,6 +110,16 @@ class AccelAccelerator(LightningAccelerator):
                 "type(AccelAccelerator('NAME')), not AccelAccelerator itself"
             )
         return cls._accel
+
+    @classmethod
+    def _cpu(cls) -> accel.Accelerator:
+        """The ``cpu`` accelerator of the registry this one came from, for the way back
+        at the end of a run (accel's default registry where that one has no ``cpu``, or
+        for a handle given as it is), with this one's tie check."""
+        tie_check = cls.handle().tie_check
+        if cls._registry is not None and "cpu" in cls._registry.names():
+            return cls._registry.get_accelerator("cpu", tie_check=tie_check)
+        return accel.get_accelerator("cpu", tie_check=tie_check)
 
     def handle_for(self, device: torch.device) -> accel.Accelerator:
         """The accel accelerator for ``device``, one of :meth:`get_parallel_devices`."""

@@ -181,8 +181,7 @@ class AccelStrategyBase:
             which Lightning, keeping ``module``, would never see.
         """
         if module is not None and self.root_device.type != "cpu":
-            handle = self.lightning_accelerator().handle()
-            cpu = accel.get_accelerator("cpu", tie_check=handle.tie_check)
+            cpu = self.lightning_accelerator()._cpu()
             before = dict(module.named_parameters(remove_duplicate=False))
             # The optimizers follow only a move in place: a new module is refused while
             # they still hold the parameters of the module Lightning keeps.

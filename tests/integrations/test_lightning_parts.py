@@ -162,6 +162,25 @@ def test_teardown_refuses_a_move_back_into_a_new_module(monkeypatch: pytest.Monk
     assert optimizer.param_groups[0]["params"] == held
 
 
+def test_teardown_moves_back_through_the_strategys_own_registry() -> None:
+    # Its registry's `cpu` moves by returning a copy, so taking it shows in the refusal;
+    # accel's default registry (whose `cpu` moves in place) is not the one asked.
+    strategy = AccelStrategy("remote", registry=_replacing_registry())
+    with pytest.raises(accel.errors.AcceleratorRuntimeError, match="'cpu' moved the model by"):
+        strategy.return_to_cpu(TiedLM(), [])
+
+
+def test_teardown_takes_the_default_cpu_where_the_strategys_registry_has_none() -> None:
+    registry = accel.AcceleratorRegistry(entry_points=None, builtins=False)
+    registry.register(FakeAccelerator("remote", device="meta"))
+    strategy = AccelStrategy("remote", registry=registry)
+    model = TiedLM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    strategy.return_to_cpu(model, [optimizer])
+    assert model.head.weight is model.embed.weight
+    assert optimizer.param_groups[0]["params"][0] is model.embed.weight
+
+
 # -- AccelCheckpointIO ---------------------------------------------------------------
 
 
