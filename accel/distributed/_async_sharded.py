@@ -34,9 +34,14 @@ from accel.training.checkpoint._async_save import (
     save_group,
     start_background,
 )
-from accel.training.checkpoint._main_process import Word, broadcast_from_rank_0, written_by_main
+from accel.training.checkpoint._main_process import (
+    Word,
+    alone,
+    broadcast_from_rank_0,
+    written_by_main,
+)
 
-__all__ = ["alone", "check_sharded_asynchronous", "commit_sharded", "save_sharded_in_background"]
+__all__ = ["check_sharded_asynchronous", "commit_sharded", "save_sharded_in_background"]
 
 
 def check_sharded_asynchronous(asynchronous: object, spmd: bool) -> None:
@@ -120,8 +125,3 @@ def commit_sharded(
             raise
     if staged is not None:
         raise staged  # every rank's own: DCP failed on every rank
-
-
-def alone(word: Word) -> Word:
-    """The ``tell`` of a process that is the whole job: its own word."""
-    return word

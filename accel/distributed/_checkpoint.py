@@ -40,7 +40,6 @@ from torch.distributed.checkpoint.state_dict import (
 
 from accel._util.files import TEMPORARY_MARK, stale_temporaries
 from accel.distributed._async_sharded import (
-    alone,
     check_sharded_asynchronous,
     commit_sharded,
     save_sharded_in_background,
@@ -66,7 +65,7 @@ from accel.errors import (
     AcceleratorTypeError,
 )
 from accel.training.checkpoint._async_save import PendingSave, wait_for_saves
-from accel.training.checkpoint._main_process import broadcast_from_rank_0, in_a_job
+from accel.training.checkpoint._main_process import alone, broadcast_from_rank_0, in_a_job
 from accel.training.checkpoint._rank_generators import (
     gathered_generators,
     own_generators,

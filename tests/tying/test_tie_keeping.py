@@ -293,14 +293,18 @@ def test_the_ties_a_move_keeps_are_the_models_after_every_pre_move_hook() -> Non
     assert torch.equal(moved.a.weight, torch.ones(2, 2))
 
 
-class _GrowsWhenMoved(nn.Module):
-    """A model whose own ``_apply`` adds a parameter: the move changes it, no plugin."""
+class _TiedPair(nn.Module):
+    """Two layers sharing one weight: ``b.weight`` is ``a.weight``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.a = nn.Linear(2, 2, bias=False)
         self.b = nn.Linear(2, 2, bias=False)
         self.b.weight = self.a.weight
+
+
+class _GrowsWhenMoved(_TiedPair):
+    """A model whose own ``_apply`` adds a parameter: the move changes it, no plugin."""
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:
         moved = super()._apply(fn, recurse)
@@ -333,14 +337,11 @@ def test_a_change_accels_own_move_made_blames_no_plugin_even_under_a_wrapper(
     assert "fallback" not in str(info.value)
 
 
-class _ReadsItsWeightsWhenMoved(nn.Module):
+class _ReadsItsWeightsWhenMoved(_TiedPair):
     """A model whose own ``_apply`` reads every weight before moving."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.a = nn.Linear(2, 2, bias=False)
-        self.b = nn.Linear(2, 2, bias=False)
-        self.b.weight = self.a.weight
         self.norms: list[float] = []
 
     def _apply(self, fn: Any, recurse: bool = True) -> Any:

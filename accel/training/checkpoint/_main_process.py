@@ -25,6 +25,7 @@ from accel.training.checkpoint._atomic import atomic_save
 
 __all__ = [
     "Word",
+    "alone",
     "broadcast_from_rank_0",
     "in_a_job",
     "is_main_process",
@@ -90,6 +91,12 @@ def written_by_main(
             f"{told}; the previous file at that path, if any, is unchanged",
             name,
         )
+
+
+def alone(word: Word) -> Word:
+    """A ``tell`` for :func:`written_by_main` in a process that is the whole job: its
+    own word."""
+    return word
 
 
 def broadcast_from_rank_0(group: Any = None) -> Callable[[Word], Word]:
