@@ -65,7 +65,12 @@ from accel.errors import (
     AcceleratorTypeError,
 )
 from accel.training.checkpoint._async_save import PendingSave, wait_for_saves
-from accel.training.checkpoint._main_process import alone, broadcast_from_rank_0, in_a_job
+from accel.training.checkpoint._main_process import (
+    alone,
+    broadcast_from_rank_0,
+    check_object_collectives,
+    in_a_job,
+)
 from accel.training.checkpoint._rank_generators import (
     gathered_generators,
     own_generators,
@@ -120,6 +125,8 @@ def save_sharded(
     check_sharded_asynchronous(asynchronous, spmd)
     wait_for_saves()  # the pending save first (one in flight), and its failure
     _, app_state = _app_state(state, "save_sharded", spmd)
+    if dist.is_initialized() and not spmd:  # DCP's ranks exchange objects, even alone
+        check_object_collectives("save_sharded")
     app_state[_PLAIN] = gathered_generators(app_state[_PLAIN])  # every rank's generators
     if target.exists():
         raise AcceleratorFileExistsError(

@@ -1167,6 +1167,35 @@ def _ckpt_save_async_xla_processes(mp: pytest.MonkeyPatch) -> object:
     return pending.wait()
 
 
+def _numpy_missing(self: torch.Tensor, *args: object, **kwargs: object) -> Any:
+    raise RuntimeError("Numpy is not available")  # torch's own words without NumPy
+
+
+@case("ckpt-save-distributed-no-numpy", accel.AcceleratorRuntimeError)
+def _ckpt_save_distributed_no_numpy(mp: pytest.MonkeyPatch) -> object:
+    import functools
+
+    from accel.training.checkpoint import _main_process
+
+    path = _saved({"step": 0})
+    # Rank 0 of two (no collective is reached), where torch finds no NumPy; a fresh
+    # cache for the probe, put back with the rest.
+    for name, value in [
+        ("is_initialized", lambda: True),
+        ("get_world_size", lambda group=None: 2),
+        ("get_rank", lambda group=None: 0),
+        ("get_backend", lambda group=None: "gloo"),
+    ]:
+        mp.setattr(dist, name, value)
+    mp.setattr(torch.Tensor, "numpy", _numpy_missing)
+    probe = functools.cache(_main_process._numpy_works.__wrapped__)
+    mp.setattr(_main_process, "_numpy_works", probe)
+    try:
+        return _cpu().save({"step": 1}, path)
+    finally:
+        assert torch.load(path) == {"step": 0}  # nothing written
+
+
 @case("ckpt-save-unloadable", accel.AcceleratorTypeError)
 def _ckpt_save_unloadable(mp: pytest.MonkeyPatch) -> object:
     path = _saved({"step": 0})

@@ -13,13 +13,15 @@ had none), naming the path.
 from __future__ import annotations
 
 import errno as errno_codes
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
-from accel.errors import AcceleratorOSError
+from accel.errors import AcceleratorOSError, AcceleratorRuntimeError
 from accel.training.checkpoint._async_save import writing_in_background
 from accel.training.checkpoint._atomic import atomic_save
 
@@ -27,6 +29,7 @@ __all__ = [
     "Word",
     "alone",
     "broadcast_from_rank_0",
+    "check_object_collectives",
     "in_a_job",
     "is_main_process",
     "save_on_main_process",
@@ -49,6 +52,31 @@ def in_a_job() -> bool:
     """Whether this process is one of several in an initialised :mod:`torch.distributed`
     group (a group of one is a lone process)."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def check_object_collectives(caller: str) -> None:
+    """Refuse, on every rank alike and before any of them, a save whose ranks would
+    exchange objects (torch's ``all_gather_object`` and ``broadcast_object_list``,
+    and DCP's) where those cannot run: torch reads the objects through NumPy.
+
+    :raises AcceleratorRuntimeError: NumPy is not available in this environment.
+    """
+    if not _numpy_works():
+        raise AcceleratorRuntimeError(
+            f"{caller}: a save in a distributed job exchanges objects between the processes "
+            f"with torch's object collectives, which need NumPy, and NumPy is not "
+            f"available here; install it on every node (pip install numpy)"
+        )
+
+
+@functools.cache
+def _numpy_works() -> bool:
+    # torch's own test: a tensor's .numpy() is what its object collectives call.
+    try:
+        torch.zeros(1, dtype=torch.uint8).numpy()
+    except RuntimeError:
+        return False
+    return True
 
 
 def written_by_main(
@@ -101,7 +129,11 @@ def alone(word: Word) -> Word:
 
 def broadcast_from_rank_0(group: Any = None) -> Callable[[Word], Word]:
     """A ``tell`` for :func:`written_by_main`: rank 0's word, broadcast over ``group``
-    (the default group where ``None``)."""
+    (the default group where ``None``).
+
+    :raises AcceleratorRuntimeError: see :func:`check_object_collectives`.
+    """
+    check_object_collectives("save")
 
     def tell(word: Word) -> Word:
         box: list[Any] = [word]

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from accel._util.warn import warn_at_caller
 from accel.errors import RankGeneratorsWarning
+from accel.training.checkpoint._main_process import check_object_collectives
 from accel.training.checkpoint._rng import RNG_KEYS
 
 __all__ = ["RECORD_KEY", "gathered_generators", "own_generators", "record_placeholders"]
@@ -50,6 +51,7 @@ def gathered_generators(obj: Any) -> Any:
         return obj
     if dist.get_backend() == "xla":
         return obj  # torch_xla's backend has no object collectives: the master's, as before
+    check_object_collectives("save")
     found = {path: _at(obj, path) for path in _rng_paths(obj)}
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, found)
