@@ -14,6 +14,7 @@ from accel._core.hooks import AcceleratorHooks
 from accel._core.moving import move_model
 from accel._util.notes import add_note
 from accel.training._compiling import checked_compile_target
+from accel.training._materialize import materialize_model
 from accel.training.batch import BatchMover
 from accel.training.checkpoint._async_save import PendingSave, wait_for_saves
 from accel.training.checkpoint._load import load_and_restore
@@ -162,6 +163,36 @@ class Accelerator:
         :raises ValueError: none of the optimizers holds any of the model's parameters.
         """
         return move_model(self._hooks, self.spec, self.device, self._tie_check, model, optimizer)
+
+    def materialize(
+        self,
+        model: _Model,
+        init: Callable[[nn.Module], object] | None = None,
+        *,
+        load: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    ) -> _Model:
+        """Allocate a model built on ``meta`` on :attr:`device`, every tie group one
+        Parameter (its ``tie_weights()`` honoured), then fill it: ``init(model)``, or
+        else each module's ``reset_parameters()`` in module order (values as in a
+        one-process build, a shard of a sharded model its own), or ``load``, a state
+        dict or the path of an :meth:`save` file or ``save_sharded`` directory, copied
+        in place. Tensors already off ``meta`` keep their values. On failure the model
+        is as it was.
+
+        :raises TypeError: ``init`` and ``load`` both given, or of the wrong type.
+        :raises ValueError: nothing is on ``meta``, or a tensor that was is still there
+            or was never written (named).
+        :raises KeyError: ``load`` lacks a tensor of the model (named).
+        :raises accel.WeightTyingError: the ties changed (as in a move, by ``tie_check``).
+        """
+        return materialize_model(
+            model,
+            self.device,
+            accelerator=self.name,
+            tie_check=self._tie_check,
+            init=init,
+            load=load,
+        )
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move every tensor in ``batch`` (nested dicts, lists, tuples, namedtuples,

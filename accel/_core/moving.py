@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from accel._core.hooks import AcceleratorHooks
 from accel._util.notes import add_note
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
+from accel.training._materialize import refuse_meta
 from accel.training.step import follow_moved_parameters
 from accel.tying._capture import RestorePoint, SlotContents
 from accel.tying._keeping import KeptMove
@@ -59,6 +60,8 @@ def move_model(
         ):
             return model
         capture = RestorePoint(model)  # the one capture: the undo and the tie groups
+        if "meta" in capture.device_samples():
+            refuse_meta(model, device)  # no values to move: materialize instead
         if optimizers:
             check_optimizers_hold(optimizers, model, capture.parameter_ids())
         context = MoveContext(spec.name, device, tie_check)

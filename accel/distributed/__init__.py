@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         process_group,
     )
     from accel.distributed._spmd import SpmdContext, current_spmd_context, init_spmd, shard_batch
+    from accel.distributed._tensor_parallel import parallelize_tied
 
 __all__ = [
     "DistributedContext",
@@ -54,6 +55,7 @@ __all__ = [
     "init_spmd",
     "load_sharded",
     "local_accelerator",
+    "parallelize_tied",
     "process_group",
     "read_launch_environment",
     "save_sharded",
@@ -74,6 +76,7 @@ _DEFINED_IN = {
     "init_spmd": "accel.distributed._spmd",
     "load_sharded": "accel.distributed._checkpoint",
     "local_accelerator": "accel.distributed._devices",
+    "parallelize_tied": "accel.distributed._tensor_parallel",
     "process_group": "accel.distributed._process_group",
     "read_launch_environment": "accel.distributed._launchers",
     "save_sharded": "accel.distributed._checkpoint",

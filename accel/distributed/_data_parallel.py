@@ -85,12 +85,23 @@ def running_context(
     return context
 
 
-def check_model_on_device(model: nn.Module, context: DistributedContext) -> None:
-    """:raises ValueError: a parameter or buffer of ``model`` is off ``context.device``."""
+def check_model_on_device(
+    model: nn.Module, context: DistributedContext, *, meta: bool = False
+) -> None:
+    """:raises ValueError: a parameter or buffer of ``model`` is off ``context.device``
+    (on ``meta`` too, unless ``meta``: a model to materialize after sharding)."""
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if tensor.device != context.device:
+        if tensor.device == context.device or (meta and tensor.device.type == "meta"):
+            continue
+        if tensor.device.type == "meta":
             raise AcceleratorValueError(
-                f"{name!r} is on {tensor.device}, but this worker trains on "
-                f"{context.device}; move the model first with "
-                f"context.accelerator.model_to_device(model) (it keeps tied weights tied)"
+                f"{name!r} is on meta, with no values yet, but this worker trains on "
+                f"{context.device}; materialize the model first with "
+                f"context.accelerator.materialize(model, init=...) (it keeps tied weights "
+                f"tied; parallelize_tied and fully_shard_tied take a model on meta)"
             )
+        raise AcceleratorValueError(
+            f"{name!r} is on {tensor.device}, but this worker trains on "
+            f"{context.device}; move the model first with "
+            f"context.accelerator.model_to_device(model) (it keeps tied weights tied)"
+        )

@@ -45,8 +45,10 @@ def fully_shard_tied(
     tied to a parameter only the root holds is left to the root. The root is sharded
     last. Afterwards every tie of the model must still be one parameter.
 
-    Move the model first with ``context.accelerator.model_to_device(model)``, then
-    shard, then build the optimizer on the sharded parameters.
+    Move the model first with ``context.accelerator.model_to_device(model)``, or
+    build it on ``meta`` and materialize it after sharding
+    (``context.accelerator.materialize(model)``); build the optimizer on the sharded
+    parameters.
 
     :param modules: submodules of ``model`` to shard as units of their own; none
         means the whole model is one unit.
@@ -59,7 +61,7 @@ def fully_shard_tied(
     :raises DistributedSetupError: no running process group, or an XLA one (shard
         with :func:`init_spmd` there).
     :raises ValueError: a module in ``modules`` is not a submodule of ``model``, or a
-        parameter is off ``context.device``.
+        parameter is off ``context.device`` (and not on ``meta``).
     :raises accel.WeightTyingError: a tie came apart all the same.
     """
 
@@ -69,7 +71,7 @@ def fully_shard_tied(
             "fully_shard_tied shards with torch's FSDP2, which torch_xla does not run; on "
             "XLA devices use accel.distributed.init_spmd() (SPMD) instead"
         )
-    check_model_on_device(model, context)
+    check_model_on_device(model, context, meta=True)
     groups = find_tied_parameters(model, buffers=False)
     count_before = count_unique_parameters(model)
     units = plan_shard_units(model, list(modules))

@@ -245,9 +245,13 @@ TORCH_FREE = {
 GUARDED_IMPORTS = {
     ("accel.training.step", "torch._dynamo.eval_frame"),
     ("accel.training.step", "torch.distributed.tensor"),
+    ("accel.training._filling", "torch.distributed.tensor"),
     # Asked only where the answer is needed: inductor's device backends, when compiling
     # on a device type other than torch's own.
     ("accel.training._compiling", "torch._inductor.codegen"),
+    # Only where materialize(load=) names a save_sharded directory.
+    ("accel.training._filling", "torch.distributed.checkpoint"),
+    ("accel.training._filling", "torch.distributed.checkpoint.filesystem"),
 }
 
 

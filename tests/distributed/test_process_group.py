@@ -132,7 +132,7 @@ def test_wrap_refuses_a_stale_context() -> None:
 
 def test_wrap_refuses_a_model_on_another_device() -> None:
     context = adist.init_process_group("cpu")
-    with pytest.raises(ValueError, match=r"'embed.weight' is on meta.*model_to_device"):
+    with pytest.raises(ValueError, match=r"'embed.weight' is on meta.*accelerator.materialize"):
         adist.wrap_data_parallel(TiedLM().to("meta"), context)
 
 
