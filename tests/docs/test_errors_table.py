@@ -458,6 +458,86 @@ def _step_no_sync_ddp_module(mp: pytest.MonkeyPatch) -> object:
     return ddp
 
 
+def _on_meta(model_class: type[nn.Module] = TiedLM) -> nn.Module:
+    with torch.device("meta"):
+        return model_class()
+
+
+@case("materialize-move-meta", accel.AcceleratorValueError)
+def _materialize_move_meta(mp: pytest.MonkeyPatch) -> object:
+    return isolated_registry().get_accelerator("cpu").model_to_device(_on_meta())
+
+
+@case("materialize-nothing-on-meta", accel.AcceleratorValueError)
+def _materialize_nothing_on_meta(mp: pytest.MonkeyPatch) -> object:
+    return isolated_registry().get_accelerator("cpu").materialize(TiedLM())
+
+
+class _RotaryCache(TiedLM):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.arange(4.0), persistent=False)
+
+
+@case("materialize-never-written", accel.AcceleratorValueError)
+def _materialize_never_written(mp: pytest.MonkeyPatch) -> object:
+    return isolated_registry().get_accelerator("cpu").materialize(_on_meta(_RotaryCache))
+
+
+@case("materialize-init-and-load", accel.AcceleratorTypeError)
+def _materialize_init_and_load(mp: pytest.MonkeyPatch) -> object:
+    cpu = isolated_registry().get_accelerator("cpu")
+    return cpu.materialize(_on_meta(), lambda model: None, load=TiedLM().state_dict())
+
+
+@case("materialize-load-missing", accel.errors.AcceleratorKeyError)
+def _materialize_load_missing(mp: pytest.MonkeyPatch) -> object:
+    state = TiedLM().state_dict()
+    del state["body.bias"]
+    return isolated_registry().get_accelerator("cpu").materialize(_on_meta(), load=state)
+
+
+@case("materialize-load-no-file", accel.errors.AcceleratorFileNotFoundError)
+def _materialize_load_no_file(mp: pytest.MonkeyPatch) -> object:
+    cpu = isolated_registry().get_accelerator("cpu")
+    with tempfile.TemporaryDirectory() as directory:
+        return cpu.materialize(_on_meta(), load=Path(directory) / "missing.pt")
+
+
+def _in_a_world_of_one(run: Callable[[], object]) -> object:
+    with tempfile.TemporaryDirectory() as directory:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{directory}/store", rank=0, world_size=1
+        )
+        try:
+            return run()
+        finally:
+            accel.distributed.destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+@case("tp-tie-placements-disagree", accel.WeightTyingError)
+def _tp_tie_placements_disagree(mp: pytest.MonkeyPatch) -> object:
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    def parallelize() -> object:
+        accel.distributed.init_process_group("cpu")
+        plan = {"embed": ColwiseParallel(), "head": ColwiseParallel()}
+        return accel.distributed.parallelize_tied(_on_meta(), plan)
+
+    return _in_a_world_of_one(parallelize)
+
+
+@case("ddp-model-on-meta", accel.AcceleratorValueError)
+def _ddp_model_on_meta(mp: pytest.MonkeyPatch) -> object:
+    def wrap() -> object:
+        accel.distributed.init_process_group("cpu")
+        return accel.distributed.wrap_data_parallel(_on_meta())
+
+    return _in_a_world_of_one(wrap)
+
+
 @case("step-clip-model", accel.AcceleratorTypeError)
 def _step_clip_model(monkeypatch: pytest.MonkeyPatch) -> object:
     cpu, model, _ = _stepping()
