@@ -4,7 +4,8 @@ until done, ends with the parameters of an uninterrupted run with synchronous sa
 bit for bit; the checkpoint before the one being written is always there and loads.
 
 ``scripts/async_loop.py`` is ``scripts/resumable_loop.py`` saving asynchronously;
-where it dies is chosen by environment variable, never by timing.
+where it dies, and whether a background write ends before the prune after its save,
+are chosen by environment variable, never by timing.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ import torch
 
 import accel
 from accel.training.checkpoint._atomic import is_temporary
-from accel.training.checkpoint._retention import latest_checkpoint, list_checkpoints
+from accel.training.checkpoint._retention import (
+    checkpoint_path,
+    latest_checkpoint,
+    list_checkpoints,
+)
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 TIMEOUT_S = 120
@@ -31,7 +36,7 @@ def _run(script: str, directory: Path, **env: str) -> subprocess.CompletedProces
         key: value
         for key, value in os.environ.items()
         if key not in ("KILL_AFTER_STEP", "KILL_IN_SAVE_AT_STEP", "KILL_IN_WRITE_OF_STEP",
-                       "TERM_AFTER_STEP")
+                       "TERM_AFTER_STEP", "WRITE_ENDS")
     }  # fmt: skip
     environment.update(OMP_NUM_THREADS="1", **env)
     return subprocess.run(
@@ -77,14 +82,25 @@ def synchronous(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Ten
     return _final(directory)
 
 
+@pytest.mark.parametrize(
+    ("write_ends", "kept"),
+    [
+        # Each prune ran while that save was still being written: it counted only the
+        # complete checkpoints, so the last two of them stay, and the one written after.
+        ("after-prune", [6, 9, 12]),
+        # Each write was complete before the prune: counted, as a synchronous save is.
+        ("before-prune", [9, 12]),
+    ],
+)
 def test_an_uninterrupted_run_saving_asynchronously_trains_as_a_synchronous_one(
-    tmp_path: Path, synchronous: dict[str, torch.Tensor]
+    tmp_path: Path, synchronous: dict[str, torch.Tensor], write_ends: str, kept: list[int]
 ) -> None:
-    done = _run("async_loop.py", tmp_path)
+    # The test says when each background write ends: which checkpoints a prune keeps
+    # depends on it (docs/training.md: only complete checkpoints count), never on timing.
+    done = _run("async_loop.py", tmp_path, WRITE_ENDS=write_ends)
     assert done.returncode == 0, done.stderr
     _assert_bit_exact(_final(tmp_path), synchronous)
-    # Pruned right after each save returned: the one being written was not counted.
-    assert _names(tmp_path) == ["step-000000006.pt", "step-000000009.pt", "step-000000012.pt"]
+    assert _names(tmp_path) == [checkpoint_path(tmp_path, step).name for step in kept]
 
 
 def test_a_run_killed_during_a_background_write_resumes_bit_exact(

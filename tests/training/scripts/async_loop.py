@@ -2,8 +2,16 @@
 
 The model, data, generators and schedule are resumable_loop's, so an uninterrupted run
 ends with its parameters. A checkpoint every ``--every`` steps, pruned to the last two
-right after the save returns (while it is still being written). The test picks where
-the run dies, by environment variable:
+right after the save returns. Which checkpoints that prune keeps depends on whether the
+background write has ended by then (a checkpoint still being written is neither counted
+nor deleted), so a test that checks them says when the write ends:
+
+- ``WRITE_ENDS=after-prune``: every background write waits until the loop has pruned
+  (the checkpoint being written is never counted);
+- ``WRITE_ENDS=before-prune``: the loop waits for the write before it prunes (every
+  checkpoint is counted, as with synchronous saves).
+
+The test picks where the run dies, by environment variable:
 
 - ``KILL_IN_WRITE_OF_STEP=n``: SIGKILL in the middle of the background write of step
   ``n``'s checkpoint, after its first kilobytes reached the temporary file, at
@@ -30,7 +38,7 @@ from torch import nn
 
 import accel
 from accel.training.checkpoint import _atomic as atomic
-from accel.training.checkpoint import _save
+from accel.training.checkpoint import _save, writing_in_background
 from accel.training.checkpoint._retention import (
     checkpoint_path,
     latest_checkpoint,
@@ -57,6 +65,21 @@ def die_in_write(name: str) -> None:
     atomic._RecordingFile.write = write  # type: ignore[method-assign]
 
 
+def hold_writes_until_pruned() -> threading.Semaphore:
+    """Each background write waits for one ``release()`` of the returned semaphore, which
+    the loop gives once it has pruned after that save."""
+    pruned = threading.Semaphore(0)
+    real_save = _save.atomic_save
+
+    def atomic_save(obj: Any, path: Any) -> None:
+        if writing_in_background() and not pruned.acquire(timeout=60):
+            raise RuntimeError(f"the loop never pruned after the save of {path}")
+        real_save(obj, path)
+
+    _save.atomic_save = atomic_save  # type: ignore[assignment]
+    return pruned
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", required=True)
@@ -66,6 +89,10 @@ def main() -> int:
     directory = Path(args.dir)
     directory.mkdir(parents=True, exist_ok=True)
     term_after = int(os.environ.get("TERM_AFTER_STEP", "-1"))
+    write_ends = os.environ.get("WRITE_ENDS")
+    if write_ends not in (None, "after-prune", "before-prune"):
+        parser.error(f"WRITE_ENDS is after-prune or before-prune, not {write_ends!r}")
+    pruned = hold_writes_until_pruned() if write_ends == "after-prune" else None
     if "KILL_IN_WRITE_OF_STEP" in os.environ:
         die_in_write(checkpoint_path(directory, int(os.environ["KILL_IN_WRITE_OF_STEP"])).name)
 
@@ -107,7 +134,11 @@ def main() -> int:
                     checkpoint_path(directory, step),
                     asynchronous=True,
                 )
-                prune_checkpoints(directory, keep=2)  # the pending one is not counted
+                if write_ends == "before-prune":
+                    pending.wait()
+                prune_checkpoints(directory, keep=2)  # a pending one is not counted
+                if pruned is not None:
+                    pruned.release()
             if guard.requested:
                 print(f"preempted: saving step {step}", flush=True)
                 break
