@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import importlib.util
 import io
 import os
@@ -27,6 +28,7 @@ from accel.tools.cli import main as accel_main
 from helpers.doc_blocks import (
     REPO,
     Block,
+    as_installed,
     chains,
     doc_pages,
     masked,
@@ -230,8 +232,10 @@ def _output_params() -> list[Any]:
     for path in doc_pages():
         for block in parse_page(path).blocks:
             if block.output:
-                # The pages show the main tier's machine (torch 2.13, no torch_xla) or,
-                # for XLA blocks, the XLA tier's; the oldest-torch run matches neither.
+                # The pages show a machine without torch_xla (the main tier's, on
+                # torch 2.13.0 and 2.14.1: a `torch (VERSION)` sample reads the
+                # installed torch) or, for XLA blocks, the XLA tier's; the oldest-torch
+                # run, in the XLA env, matches neither.
                 marks = [pytest.mark.xla] if block.xla else [_MAIN_TIER_ONLY]
                 params.append(pytest.param(block, id=block.where, marks=marks))
     return params
@@ -252,9 +256,36 @@ def test_sample_output_is_what_the_command_prints(
         got = _accel_in_a_process(arguments, environment)
     else:
         got = _accel_here(arguments, environment, monkeypatch, capsys)
-    assert output_matches(masked(shown, block.vary), got), (
+    expected = masked(as_installed(block, shown, *_installed_torch()), block.vary)
+    assert output_matches(expected, got), (
         f"{block.where}: the page shows:\n{shown}\n`accel {' '.join(arguments)}` prints:\n{got}"
     )
+
+
+def test_torch_samples_show_the_newest_tested_torch() -> None:
+    """A ``torch (VERSION)`` sample shows the torch of requirements/newest.txt, so the
+    newest tier compares it as the page shows it, build-dependent lines included."""
+    pinned = re.findall(
+        r"^torch==(\S+)$", (REPO / "requirements" / "newest.txt").read_text(), re.MULTILINE
+    )
+    assert len(pinned) == 1, "requirements/newest.txt pins one torch=="
+    shown = {
+        block.where: block.torch
+        for path in doc_pages()
+        for block in parse_page(path).blocks
+        if block.torch is not None
+    }
+    assert shown, "no sample marked torch (VERSION)"
+    assert {where: v for where, v in shown.items() if v != pinned[0]} == {}, (
+        f"these samples do not show torch {pinned[0]}, requirements/newest.txt's"
+    )
+
+
+def _installed_torch() -> tuple[str, bool]:
+    """The installed torch's version as its distribution names it (``accel list`` and
+    ``accel info`` show that one), and whether it is a CUDA (or ROCm) build."""
+    cuda_build = torch.backends.cuda.is_built() or torch.version.hip is not None  # type: ignore[no-untyped-call]
+    return importlib.metadata.version("torch"), bool(cuda_build)
 
 
 def _accel_in_a_process(arguments: list[str], environment: dict[str, str]) -> str:

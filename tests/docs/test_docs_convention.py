@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers.doc_blocks import chains, output_matches, parse_page, pycon_examples
+from helpers.doc_blocks import (
+    as_installed,
+    chains,
+    masked,
+    output_matches,
+    parse_page,
+    pycon_examples,
+)
 
 FENCE = "```"
 
@@ -59,12 +66,80 @@ def test_directives_are_read_into_the_block(tmp_path: Path) -> None:
             "'continue' across tiers",
         ),
         ('FENCEpython\n--8<-- "no/such/file.py"\nFENCE\n', "snippet 'no/such/file.py'"),
+        ("<!-- doc-test: output; torch () -->\nFENCEtext\n$ accel list\nFENCE\n", "'torch' needs"),
+        (
+            "<!-- doc-test: output; build (cuda) -->\nFENCEtext\n$ accel list\nFENCE\n",
+            "'build (PREFIX)' needs 'torch (VERSION)'",
+        ),
+        ("<!-- doc-test: torch (2.14.1) -->\nFENCEpython\nFENCE\n", "need 'output'"),
     ],
 )
 def test_mistakes_are_reported_with_their_line(tmp_path: Path, text: str, problem: str) -> None:
     problems = parse_page(page(tmp_path, text)).problems
     assert len(problems) == 1 and problem in problems[0], problems
     assert f"{tmp_path / 'page.md'}:" in problems[0]
+
+
+#: A sample as a default install prints it (torch 2.14.1 from PyPI, a CUDA build, no GPU).
+SAMPLE = (
+    "<!-- doc-test: output; torch (2.14.1); build (cuda); vary (time) -->\n"
+    "FENCEtext\n$ accel list\n"
+    "tpu  no  torch 2.9.x needed; torch 2.14.1 is installed\n"
+    "cuda  no  no GPU driver found\n"
+    "time: 2.14 ms\n"
+    "FENCE\n"
+)
+
+
+def test_torch_and_build_are_read_into_the_block(tmp_path: Path) -> None:
+    parsed = parse_page(page(tmp_path, SAMPLE))
+    assert parsed.problems == []
+    (block,) = parsed.blocks
+    assert (block.output, block.torch, block.build, block.vary) == (
+        True,
+        "2.14.1",
+        ["cuda"],
+        ["time"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "cuda_build", "printed", "matches"),
+    [
+        # The torch the sample shows: compared as shown, the build's line included.
+        ("2.14.1", True, "torch 2.14.1 is installed\ncuda  no  no GPU driver found", True),
+        ("2.14.1", True, "torch 2.14.1 is installed\ncuda  no  no CUDA support", False),
+        ("2.14.1", True, "torch 2.13.0 is installed\ncuda  no  no GPU driver found", False),
+        # Another CUDA build: its version where the sample shows 2.14.1.
+        ("2.13.0", True, "torch 2.13.0 is installed\ncuda  no  no GPU driver found", True),
+        ("2.13.0", True, "torch 2.14.1 is installed\ncuda  no  no GPU driver found", False),
+        # A build without CUDA: its version, and the build's line only by its prefix.
+        ("2.13.0+cpu", False, "torch 2.13.0+cpu is installed\ncuda  no  no CUDA support", True),
+        ("2.13.0+cpu", False, "torch 2.13.0 is installed\ncuda  no  no CUDA support", False),
+        ("2.13.0+cpu", False, "torch 2.13.0+cpu is installed\ncpu  yes", False),
+    ],
+)
+def test_a_torch_sample_is_checked_against_the_installed_torch(
+    tmp_path: Path, version: str, cuda_build: bool, printed: str, matches: bool
+) -> None:
+    (block,) = parse_page(page(tmp_path, SAMPLE)).blocks
+    shown = block.code.partition("\n")[2]
+    expected = masked(as_installed(block, shown, version, cuda_build), block.vary)
+    got = f"tpu  no  torch 2.9.x needed; {printed.splitlines()[0]}\n"
+    got += "\n".join(printed.splitlines()[1:]) + "\ntime: 3.5 ms\n"
+    assert output_matches(expected, got) is matches, expected
+
+
+def test_only_the_version_the_sample_names_is_replaced(tmp_path: Path) -> None:
+    text = SAMPLE.replace("$ accel list\n", "$ accel list\n2.14.10 12.14.1 2.14.1+cu130 2.14.1.\n")
+    (block,) = parse_page(page(tmp_path, text)).blocks
+    shown = block.code.partition("\n")[2]
+    replaced = as_installed(block, shown, "2.15.0", True).splitlines()[0]
+    assert replaced == "2.14.10 12.14.1 2.14.1+cu130 2.15.0."
+    # A sample without 'torch (VERSION)' is compared as it is, whatever torch runs.
+    plain = SAMPLE.replace("torch (2.14.1); build (cuda); ", "")
+    (block,) = parse_page(page(tmp_path, plain)).blocks
+    assert as_installed(block, block.code, "2.13.0+cpu", False) == block.code
 
 
 def test_snippets_are_expanded_as_mkdocs_does(tmp_path: Path) -> None:

@@ -8,12 +8,17 @@ says how the block is tested::
     <!-- doc-test: given model, optimizer -->
     <!-- doc-test: xla; continue; given xla_device -->
     <!-- doc-test: output; vary (time per step) -->
+    <!-- doc-test: output (no plugins); torch (2.14.1); build (cuda) -->
 
 Blocks tagged ``python`` or ``pycon`` run (in the main tier unless marked ``xla``);
 every fenced block must name its language, so that no Python slips through untagged.
 A ``text`` block marked ``output`` is a sample of what a ``$ accel ...`` command prints:
 the test runs that command and compares (numbers on lines starting with a ``vary``
-prefix may differ; ``output (no plugins)`` runs it as on a fresh install).
+prefix may differ; ``output (no plugins)`` runs it as on a fresh install). A sample
+marked ``torch (VERSION)`` shows what torch VERSION from PyPI prints, as a default
+install gets it (a CUDA build, on a machine with no GPU): the check reads the installed
+torch's version for VERSION, and on a torch built without CUDA the lines starting with
+a ``build`` prefix match that prefix and anything after it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ _SNIPPET = re.compile(r'^\s*--8<--\s+"(?P<path>[^"]+)"\s*$')
 _SKIP = re.compile(r"^skip\s*\((?P<reason>.*)\)$")
 _OUTPUT = re.compile(r"^output(\s*\((?P<how>[^)]*)\))?$")
 _VARY = re.compile(r"^vary\s*\((?P<prefix>[^)]+)\)$")
+_TORCH = re.compile(r"^torch\s*\((?P<version>[^)]*)\)$")
+_BUILD = re.compile(r"^build\s*\((?P<prefix>[^)]+)\)$")
 _NUMBER = re.compile(r"\d+(\.\d+)?")
 
 
@@ -62,6 +69,12 @@ class Block:
     no_plugins: bool = False
     #: Prefixes of output lines whose numbers differ from run to run (times).
     vary: list[str] = field(default_factory=list)
+    #: ``torch (VERSION)``: the torch the sample shows, as a default install gets it
+    #: (PyPI's CUDA build); the check puts the installed torch's version in its place.
+    torch: str | None = None
+    #: ``build (PREFIX)``: lines starting with PREFIX show what a CUDA build of torch
+    #: finds; on a torch built without CUDA only their prefix is compared.
+    build: list[str] = field(default_factory=list)
 
     @property
     def where(self) -> str:
@@ -106,6 +119,13 @@ def parse_page(path: Path) -> Page:
                     problems.append(f"{name}:{pending[0]}: 'output' on a {language!r} block")
                 elif language not in RUNNABLE and not block.output:
                     problems.append(f"{name}:{pending[0]}: directive on a {language!r} block")
+                if (block.torch is not None or block.build) and not block.output:
+                    problems.append(f"{name}:{pending[0]}: 'torch' and 'build' need 'output'")
+                if block.build and block.torch is None:
+                    problems.append(
+                        f"{name}:{pending[0]}: 'build (PREFIX)' needs 'torch (VERSION)', "
+                        "the torch whose build the sample shows"
+                    )
             pending = None
             blocks.append(block)
             index = end
@@ -169,6 +189,12 @@ def _apply(body: str, block: Block, problems: list[str], where: str) -> None:
             block.output, block.no_plugins = True, how == "no plugins"
         elif vary := _VARY.match(part):
             block.vary.append(vary["prefix"].strip())
+        elif shows := _TORCH.match(part):
+            if not shows["version"].strip():
+                problems.append(f"{where}: 'torch' needs the version the sample shows")
+            block.torch = shows["version"].strip()
+        elif build := _BUILD.match(part):
+            block.build.append(build["prefix"].strip())
         elif part == "xla":
             block.xla = True
         elif part == "continue":
@@ -178,7 +204,8 @@ def _apply(body: str, block: Block, problems: list[str], where: str) -> None:
         else:
             problems.append(
                 f"{where}: unknown doc-test directive {part!r}; use skip (reason), xla, "
-                f"continue, given NAME, ..., output or vary (PREFIX)"
+                f"continue, given NAME, ..., output, vary (PREFIX), torch (VERSION) or "
+                f"build (PREFIX)"
             )
 
 
@@ -261,6 +288,24 @@ def masked(shown: str, vary: list[str]) -> str:
         _NUMBER.sub("...", line) if any(line.lstrip().startswith(p) for p in vary) else line
         for line in shown.splitlines()
     ]
+    return "\n".join(lines)
+
+
+def as_installed(block: Block, shown: str, torch_version: str, cuda_build: bool) -> str:
+    """``shown`` as the installed torch prints it, for a ``torch (VERSION)`` sample:
+    ``torch_version`` (as its distribution's metadata names it) where the sample names
+    VERSION, and, unless ``cuda_build``, each line starting with a ``build`` prefix cut
+    to ``PREFIX ...``. Other samples are returned as they are."""
+    if block.torch is None:
+        return shown
+    # The version alone: not a part of 2.14.10, 12.14.1 or 2.14.1+cu130.
+    version = re.compile(rf"(?<![\w.+]){re.escape(block.torch)}(?![\w+]|\.\d)")
+    lines = []
+    for line in version.sub(lambda _: torch_version, shown).splitlines():
+        prefix = next((p for p in block.build if line.lstrip().startswith(p)), None)
+        if prefix is not None and not cuda_build:
+            line = f"{line[: line.index(prefix) + len(prefix)]} ..."
+        lines.append(line)
     return "\n".join(lines)
 
 
