@@ -1,7 +1,8 @@
 """The wheel stage's checks (scripts/stages/wheel.sh runs them; see there).
 
     python wheel_check.py artifacts DIST_DIR REPO   the built sdist and wheel, in the build env
-    python -I wheel_check.py installed VERSION REPO  the wheel installed in a fresh venv
+    python -I wheel_check.py installed VERSION REPO NEWEST_TORCH
+                                                     the wheel installed in a fresh venv
 
 Each check prints what it looked at; any problem is listed and the exit status is 1.
 The ``installed`` half uses the standard library only: it runs in a venv that holds
@@ -372,7 +373,29 @@ def run_command(*args: str, expect: str | None = None) -> str:
     return done.stdout
 
 
-def installed(version: str, repo: str) -> int:
+def release(version: str) -> tuple[int, ...]:
+    """``2.14.1+cu130`` -> ``(2, 14, 1)``: the release numbers, for comparing versions
+    with the standard library only."""
+    found = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in found.group().split(".")) if found else ()
+
+
+def check_torch(newest: str) -> None:
+    """The torch pip chose for the unpinned install: the newest tier's, or newer."""
+    print("-- the torch an unpinned `pip install accel-torch` brought")
+    before = len(problems)
+    found = importlib.metadata.version("torch")
+    if release(found) < release(newest):
+        problem(
+            f"pip installed torch {found}, older than {newest}, the newest torch the tests "
+            "run (requirements/newest.txt): this venv does not show the newest torch"
+        )
+    elif release(found) > release(newest):
+        say(f"note: torch {found} is newer than {newest}, the newest torch the tests run")
+    passed(before, f"torch {found}, not pinned: the newest torch pip finds here")
+
+
+def installed(version: str, repo: str, newest_torch: str) -> int:
     # Here, not at the top: the artifacts half runs where accel is not installed.
     import accel
 
@@ -410,6 +433,7 @@ def installed(version: str, repo: str) -> int:
     if loaded.returncode != 0 or loaded.stdout.splitlines()[-1:] != ["False"]:
         problem(f"`accel --version` imported torch or failed: {loaded.stdout}{loaded.stderr}")
     passed(before, "`accel --version` imports no torch")
+    check_torch(newest_torch)
 
     out = run_command("--version")
     if out.strip() != f"accel {version}":
@@ -423,8 +447,8 @@ def installed(version: str, repo: str) -> int:
 def main(argv: list[str]) -> int:
     if len(argv) == 3 and argv[0] == "artifacts":
         return artifacts(Path(argv[1]), Path(argv[2]).resolve())
-    if len(argv) == 3 and argv[0] == "installed":
-        return installed(argv[1], argv[2])
+    if len(argv) == 4 and argv[0] == "installed":
+        return installed(argv[1], argv[2], argv[3])
     print(__doc__, file=sys.stderr)
     return 2
 
