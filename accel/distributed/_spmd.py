@@ -18,16 +18,24 @@ import accel
 from accel._util.names import AUTO, name_from_environment, parse_accelerator_name
 from accel.distributed._devices import resolve_accelerator
 from accel.distributed._errors import DistributedSetupError
-from accel.errors import AcceleratorValueError
+from accel.errors import AcceleratorValueError, WeightTyingError
 from accel.training.nested import tensors_in
+from accel.tying import count_unique_parameters, find_tied_parameters
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from accel.accelerator import Accelerator
     from accel.registry import AcceleratorRegistry
 
-__all__ = ["SpmdContext", "current_spmd_context", "init_spmd", "shard_batch"]
+__all__ = [
+    "SpmdContext",
+    "current_spmd_context",
+    "init_spmd",
+    "shard_batch",
+    "spmd_fully_shard_tied",
+]
 
 #: The name of the mesh axis the batch is sharded over.
 DATA_AXIS = "data"
@@ -188,3 +196,59 @@ def shard_batch(batch: Any, context: SpmdContext | None = None) -> Any:
             )
         xs.mark_sharding(tensor, context.mesh, (DATA_AXIS,) + (None,) * (tensor.dim() - 1))
     return moved
+
+
+def spmd_fully_shard_tied(
+    model: nn.Module, *, mesh: Any = None, context: SpmdContext | None = None, **options: Any
+) -> nn.Module:
+    """Shard ``model`` with torch_xla's FSDPv2 (``SpmdFullyShardedDataParallel``),
+    its ties kept.
+
+    FSDPv2 moves the model itself with ``module.to("xla")``, which gives each slot of
+    a tied weight a Parameter of its own (a tied LM's 3 parameters become 4, silently),
+    and on a model on ``meta`` fails in torch pointing at ``to_empty``, which unties it
+    too. Given a model already on the device, it keeps the tie. So the model is moved
+    first with ``context.accelerator.model_to_device`` (ties kept), then wrapped, then
+    every tie is checked.
+
+    :param mesh: a :class:`torch_xla.distributed.spmd.Mesh` with an ``fsdp`` axis;
+        ``None`` means every device on one ``fsdp`` axis.
+    :param options: passed on to FSDPv2 (``auto_wrap_policy``, ``shard_output``, ...).
+    :returns: the FSDPv2 wrapper; ``wrapper.module`` is ``model``.
+    :raises DistributedSetupError: :func:`init_spmd` was not called.
+    :raises AcceleratorValueError: the model holds tensors on ``meta`` (build it there,
+        then ``context.accelerator.materialize(model)`` before this call).
+    :raises accel.WeightTyingError: a tie came apart all the same (the model is then
+        left sharded as FSDPv2 made it).
+    """
+    if context is None:
+        context = _active
+    if context is None:
+        raise DistributedSetupError(
+            "spmd_fully_shard_tied needs the mesh of accel.distributed.init_spmd(); call it first"
+        )
+    import numpy as np
+    import torch_xla.distributed.spmd as xs
+    from torch_xla.experimental.spmd_fully_sharded_data_parallel import (
+        SpmdFullyShardedDataParallel,
+    )
+
+    model = context.accelerator.model_to_device(model)  # refuses meta, naming materialize
+    groups = find_tied_parameters(model, buffers=False)
+    count_before = count_unique_parameters(model)
+    if mesh is None:
+        mesh = xs.Mesh(np.arange(context.num_devices), (context.num_devices,), ("fsdp",))
+    wrapped: nn.Module = SpmdFullyShardedDataParallel(model, mesh=mesh, **options)
+    broken = [group for group in groups if not group.is_tied()]
+    if broken:
+        count_after = count_unique_parameters(wrapped)
+        names = "; ".join(" = ".join(group.names) for group in broken)
+        raise WeightTyingError(
+            f"spmd_fully_shard_tied: tied parameters came apart under FSDPv2 ({names}); "
+            f"{count_before} unique parameters before, {count_after} after. Check that "
+            f"no auto_wrapper_callable moves or rebuilds a module's parameters",
+            count_before=count_before,
+            count_after=count_after,
+            broken_groups=[group.names for group in broken],
+        )
+    return wrapped
