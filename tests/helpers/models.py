@@ -119,6 +119,34 @@ class NoParameters(nn.Module):
         self.act = nn.ReLU()
 
 
+class RotaryCache(nn.Module):
+    """A non-persistent rotary table computed in ``__init__`` (Llama's cos cache): in no
+    state dict, and no ``reset_parameters()`` computes it again. Built on ``meta`` it
+    holds no values; ``device`` builds it elsewhere (off ``meta`` while the rest is on
+    it)."""
+
+    def __init__(
+        self, width: int = 8, positions: int = 6, *, device: torch.device | str | None = None
+    ) -> None:
+        super().__init__()
+        self.width, self.positions = width, positions
+        self.register_buffer("cos", self.table(device), persistent=False)
+
+    def table(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """The cache's values, computed again (on ``device``)."""
+        steps = torch.arange(0, self.width, 2, device=device, dtype=torch.float32)
+        positions = torch.arange(self.positions, device=device, dtype=torch.float32)
+        return torch.outer(positions, 1.0 / 10000 ** (steps / self.width)).cos()
+
+
+class RotaryTiedLM(TiedLM):
+    """A tied LM with a rotary cache, built where ``cache_device`` says."""
+
+    def __init__(self, *, cache_device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.rotary = RotaryCache(device=cache_device)
+
+
 ALL_MODELS = {
     "tied_lm": TiedLM,
     "three_way": ThreeWayTie,
