@@ -109,6 +109,23 @@ def spmd(report: dict[str, Any], steps: int) -> None:
         "values_kept": torch.equal(before, other.embed.weight.detach().cpu()),
     }
     fsdpv2(report, context, steps)
+    report["refusals"] = refusals(model)
+
+
+def refusals(model: nn.Module) -> dict[str, str]:
+    """What accel's process-group entry points say under SPMD, where there is none."""
+    said = {}
+    for name, call in (
+        ("fully_shard_tied", accel.distributed.fully_shard_tied),
+        ("parallelize_tied", lambda m: accel.distributed.parallelize_tied(m, {})),
+        ("wrap_data_parallel", accel.distributed.wrap_data_parallel),
+        ("init_process_group", lambda m: accel.distributed.init_process_group("tpu")),
+    ):
+        try:
+            call(model)
+        except accel.distributed.DistributedSetupError as exc:
+            said[name] = str(exc)
+    return said
 
 
 def fsdpv2(report: dict[str, Any], context: Any, steps: int) -> None:
