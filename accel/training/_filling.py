@@ -13,7 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel.errors import AcceleratorFileNotFoundError, AcceleratorKeyError, AcceleratorTypeError
+from accel.errors import (
+    AcceleratorFileNotFoundError,
+    AcceleratorKeyError,
+    AcceleratorTypeError,
+    AcceleratorValueError,
+)
 
 __all__ = ["fill_from", "is_dtensor", "listed", "reset_every_module"]
 
@@ -41,7 +46,7 @@ def reset_every_module(model: nn.Module, fresh: set[int]) -> None:
     tensor is drawn at its full size, of which this rank keeps its own shard.
     """
     written: set[int] = set()
-    for module in model.modules():
+    for module in _children_first(model):
         reset = getattr(module, "reset_parameters", None)
         if not callable(reset):
             reset = getattr(module, "_reset_parameters", None)
@@ -59,6 +64,24 @@ def reset_every_module(model: nn.Module, fresh: set[int]) -> None:
         else:
             _reset_through(module, stand_ins, written)
         written.update(id(t) for t in own.values() if t is not None and id(t) in fresh)
+
+
+def _children_first(model: nn.Module) -> list[nn.Module]:
+    """Every module once, each after its children: the order in which a one-process
+    build runs their resets (a parent's ``__init__`` builds its children, then resets
+    itself, as ``MultiheadAttention`` zeroes its ``out_proj.bias``)."""
+    order: list[nn.Module] = []
+    seen: set[int] = set()
+    stack: list[tuple[nn.Module, bool]] = [(model, False)]
+    while stack:
+        module, children_done = stack.pop()
+        if children_done:
+            order.append(module)
+        elif id(module) not in seen:
+            seen.add(id(module))
+            stack.append((module, True))
+            stack.extend((child, False) for child in reversed(list(module.children())))
+    return order
 
 
 def _reset_through(
@@ -187,13 +210,32 @@ def _copy_in(model: nn.Module, source: Mapping[str, Any], device: torch.device) 
             f"materialize: load= has no entry for {shown}; nothing was loaded. Pass the "
             f"model's full state dict (acc.state_dict(model) of the trained model)"
         )
+    chosen = [(next(name for name in names if name in source), tensor) for names, tensor in groups]
+    misfits = [
+        f"{name} {_shape_of(source[name])} (the model's is {tuple(tensor.shape)})"
+        for name, tensor in chosen
+        if not isinstance(source[name], torch.Tensor) or source[name].shape != tensor.shape
+    ]
+    if misfits:
+        raise AcceleratorValueError(
+            f"materialize: load= does not fit the model: {listed(misfits)}; nothing was "
+            f"loaded. Load the checkpoint of this model's configuration"
+        )
     with torch.no_grad():
-        for names, tensor in groups:
-            value = source[next(name for name in names if name in source)]
+        for name, tensor in chosen:
+            value = source[name]
             if is_dtensor(tensor):
                 tensor.copy_(_shard_of(value.to(tensor.to_local().device), tensor))  # type: ignore[attr-defined]
             else:
                 tensor.copy_(value.to(device))
+
+
+def _shape_of(value: object) -> str:
+    return (
+        str(tuple(value.shape))
+        if isinstance(value, torch.Tensor)
+        else f"is a {type(value).__name__}"
+    )
 
 
 def _load_dcp(model: nn.Module, path: Path) -> None:
@@ -213,11 +255,14 @@ def _load_dcp(model: nn.Module, path: Path) -> None:
     groups = tensor_groups(model)
     prefix = "model." if any(key.startswith("model.") for key in saved) else ""
     request: dict[str, torch.Tensor] = {}
-    missing = []
+    missing: list[str] = []
+    misfits: list[str] = []
     for names, tensor in groups:
         found = next((name for name in names if prefix + name in saved), None)
         if found is None:
             missing.append(" = ".join(names))
+        elif (size := getattr(saved[prefix + found], "size", tensor.shape)) != tensor.shape:
+            misfits.append(f"{found} {tuple(size)} (the model's is {tuple(tensor.shape)})")
         else:
             request[found] = tensor.detach() if not is_dtensor(tensor) else tensor
     if missing:
@@ -225,7 +270,20 @@ def _load_dcp(model: nn.Module, path: Path) -> None:
             f"materialize: the checkpoint at {str(path)!r} has no entry for "
             f"{listed(missing)}; nothing was loaded"
         )
+    if misfits:
+        raise AcceleratorValueError(
+            f"materialize: the checkpoint at {str(path)!r} does not fit the model: "
+            f"{listed(misfits)}; nothing was loaded"
+        )
     into: dict[str, Any] = {"model": request} if prefix else request
-    with torch.no_grad():
-        state_dict_loader.load(into, checkpoint_id=str(path))
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with torch.no_grad():
+            state_dict_loader.load(into, checkpoint_id=str(path))
+    except CheckpointException as error:  # a BaseException: never let it through
+        raise AcceleratorValueError(
+            f"materialize: DCP could not read the checkpoint at {str(path)!r} into the "
+            f"model (a tensor of another shape?): {error}"
+        ) from error
     # DCP copies into the tensors given; a plain tensor's detach() shares its counter.

@@ -80,7 +80,7 @@ def materialize_model(
             init(model)
         else:
             reset_every_module(model, set(versions))
-        kept.still_held(model, device, context)  # 3.
+        kept.still_held(model, device, context, _what_filled(init, load))  # 3.
         _check_written(model, fresh, versions, filled_by=_what_filled(init, load))
     except BaseException as exc:
         add_note(exc, _restored_note(device, capture.restore()))

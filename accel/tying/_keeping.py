@@ -111,12 +111,25 @@ class KeptMove:
             groups.append(replace(group, slots=tuple(slots)))
         return replace(self._snapshot, groups=tuple(groups))
 
-    def still_held(self, moved: nn.Module, device: torch.device, context: MoveContext) -> None:
-        """After every ``post_move_hook``: the ties kept are still the model's. A hook
-        that broke or made one is reported by ``context.tie_check`` like the move."""
+    def still_held(
+        self,
+        moved: nn.Module,
+        device: torch.device,
+        context: MoveContext,
+        changer: str = "A post_move_hook",
+    ) -> None:
+        """After every ``post_move_hook`` (or what ``changer`` names): the ties kept are
+        still the model's. Ties it broke or made are reported by ``context.tie_check``
+        like the move's, and under ``"warn"`` and ``"off"`` put back as they were."""
         report = self._snapshot.check(moved)
-        hooks_note = "A post_move_hook changed the ties after accel had kept them."
-        _tell(outcome(report, context.tie_check), report, device, note=hooks_note)
+        what = outcome(report, context.tie_check)
+        if what != "error" and not report.ok:
+            self._snapshot.retie()
+            kept = self._snapshot.check(moved).ok or _separate_appeared(
+                moved, self._snapshot, self._before
+            )
+            report = replace(report, kept_as_before=kept)
+        _tell(what, report, device, note=f"{changer} changed the ties after accel had kept them.")
 
 
 def _captured_tensors(before: SlotContents) -> dict[tuple[int, str, str], torch.Tensor]:

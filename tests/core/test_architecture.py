@@ -252,6 +252,7 @@ GUARDED_IMPORTS = {
     # Only where materialize(load=) names a save_sharded directory.
     ("accel.training._filling", "torch.distributed.checkpoint"),
     ("accel.training._filling", "torch.distributed.checkpoint.filesystem"),
+    ("accel.training._filling", "torch.distributed.checkpoint.api"),
 }
 
 

@@ -158,26 +158,12 @@ class _Mixed(nn.Module):
         self.head = nn.Linear(5, 10)
 
 
-_MHA_REASON = (
-    "accel/training/_filling.py reset_every_module runs the resets in model.modules() "
-    "order (parent first) and skips no child: MultiheadAttention._reset_parameters "
-    "zeroes out_proj.bias, then out_proj's own reset_parameters() draws it again, so "
-    "out_proj.bias is random where an eager build has zeros (and the draws come in "
-    "another order). An eager build constructs children before the parent's reset: "
-    "children first (post-order) gives both"
-)
-
-
 @pytest.mark.parametrize(
     "build",
     [
         *TIED_MODELS,
         _Mixed,
-        pytest.param(
-            lambda: nn.MultiheadAttention(8, 2),
-            id="MultiheadAttention",
-            marks=pytest.mark.xfail(strict=True, reason=_MHA_REASON),
-        ),
+        pytest.param(lambda: nn.MultiheadAttention(8, 2), id="MultiheadAttention"),
     ],
     ids=lambda cls: cls.__name__.strip("_"),
 )
@@ -332,15 +318,6 @@ def test_under_warn_an_init_that_unties_is_a_tying_warning(
     assert _devices(model) == {"cpu"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "accel/training/_materialize.py runs KeptMove.still_held after init, which only "
-        "reports: under tie_check='warn' the head keeps the Parameter init gave it (4 "
-        "parameters), while the warning says 'accel re-tied the groups it found before "
-        "the move' and docs/tpu.md's table says warn keeps the ties of before"
-    ),
-)
 def test_under_warn_the_ties_of_before_are_kept(registry: accel.AcceleratorRegistry) -> None:
     model = _on_meta(TiedLM)
     acc = registry.get_accelerator("cpu", tie_check="warn")
@@ -350,14 +327,6 @@ def test_under_warn_the_ties_of_before_are_kept(registry: accel.AcceleratorRegis
     assert len(list(model.parameters())) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "accel/training/_materialize.py passes still_held's move wording through: the "
-        "error says 'moving the model' and 'A post_move_hook changed the ties', where "
-        "init= did and there is no hook"
-    ),
-)
 def test_the_tying_error_of_an_init_names_the_init(acc: accel.Accelerator) -> None:
     with pytest.raises(accel.WeightTyingError) as raised:
         acc.materialize(_on_meta(TiedLM), init=_untie_the_head)
@@ -589,16 +558,6 @@ def test_load_of_a_file_holding_no_state_dict_is_a_type_error(
     _assert_as_it_was(model, before)
 
 
-_SHAPE_REASON = (
-    "accel/training/_filling.py _copy_in copies with tensor.copy_(value), which "
-    "broadcasts: a (1,) body.bias, or an (8,) row for the (16, 8) tied weight, loads "
-    "silently (every row the same) where load_state_dict raises 'size mismatch'; a DCP "
-    "directory raises DCP's CheckpointException, a BaseException that except Exception "
-    "lets through (accel/distributed/_dcp_layouts.readable_failure is not used)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=_SHAPE_REASON)
 @pytest.mark.parametrize("form", ["state-dict", "dcp-directory"])
 def test_a_tensor_of_another_shape_is_a_typed_error_naming_it_and_nothing_changes(
     acc: accel.Accelerator, trained: TiedLM, form: str, tmp_path: Path
