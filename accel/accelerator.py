@@ -14,7 +14,7 @@ from accel._core.hooks import AcceleratorHooks
 from accel._core.moving import move_model
 from accel._util.notes import add_note
 from accel.training._compiling import checked_compile_target
-from accel.training._materialize import materialize_model
+from accel.training._materialize import Init, Source, materialize_model
 from accel.training.batch import BatchMover
 from accel.training.checkpoint._async_save import PendingSave, wait_for_saves
 from accel.training.checkpoint._load import load_and_restore
@@ -165,11 +165,7 @@ class Accelerator:
         return move_model(self._hooks, self.spec, self.device, self._tie_check, model, optimizer)
 
     def materialize(
-        self,
-        model: _Model,
-        init: Callable[[nn.Module], object] | None = None,
-        *,
-        load: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        self, model: _Model, init: Init | None = None, *, load: Source | None = None
     ) -> _Model:
         """Allocate a model built on ``meta`` on :attr:`device`, every tie group one
         Parameter (its ``tie_weights()`` honoured), then fill it: ``init(model)``, or
@@ -185,14 +181,7 @@ class Accelerator:
         :raises KeyError: ``load`` lacks a tensor of the model (named).
         :raises accel.WeightTyingError: the ties changed (as in a move, by ``tie_check``).
         """
-        return materialize_model(
-            model,
-            self.device,
-            accelerator=self.name,
-            tie_check=self._tie_check,
-            init=init,
-            load=load,
-        )
+        return materialize_model(model, self.device, self.name, self._tie_check, init, load)
 
     def batch_to_device(self, batch: Any) -> Any:
         """Move every tensor in ``batch`` (nested dicts, lists, tuples, namedtuples,

@@ -60,8 +60,7 @@ def move_model(
         ):
             return model
         capture = RestorePoint(model)  # the one capture: the undo and the tie groups
-        if "meta" in capture.device_samples():
-            refuse_meta(model, device)  # no values to move: materialize instead
+        refuse_meta(model, device, capture.device_samples())  # no values: materialize
         if optimizers:
             check_optimizers_hold(optimizers, model, capture.parameter_ids())
         context = MoveContext(spec.name, device, tie_check)

@@ -38,19 +38,24 @@ from accel.tying._capture import RestorePoint, SlotContents, qualified_name
 from accel.tying._keeping import KeptMove
 from accel.types import MoveContext, TieCheck
 
-__all__ = ["materialize_model", "meta_tensor_names", "refuse_meta"]
+__all__ = ["Init", "Source", "materialize_model", "meta_tensor_names", "refuse_meta"]
 
 _Model = TypeVar("_Model", bound=nn.Module)
+
+
+#: What ``init=`` takes: a function that writes the model's tensors.
+Init = Callable[[nn.Module], object]
+#: What ``load=`` takes: a state dict, or the path of a checkpoint.
+Source = Mapping[str, Any] | str | os.PathLike[str]
 
 
 def materialize_model(
     model: _Model,
     device: torch.device,
-    *,
     accelerator: str,
     tie_check: TieCheck,
-    init: Callable[[nn.Module], object] | None,
-    load: Mapping[str, Any] | str | os.PathLike[str] | None,
+    init: Init | None,
+    load: Source | None,
 ) -> _Model:
     """:meth:`accel.Accelerator.materialize`: the steps of the module docstring."""
     _check_arguments(model, init, load)
@@ -100,11 +105,11 @@ def meta_tensor_names(model: nn.Module) -> list[str]:
     ]
 
 
-def refuse_meta(model: nn.Module, device: torch.device) -> None:
-    """:raises AcceleratorValueError: ``model`` holds ``meta`` tensors and is moved off
-    ``meta``: torch cannot copy what has no values, and its advice, ``to_empty``,
-    unties the model."""
-    if device.type == "meta":
+def refuse_meta(model: nn.Module, device: torch.device, samples: Mapping[str, Any]) -> None:
+    """:raises AcceleratorValueError: ``model`` holds ``meta`` tensors (``samples``, one
+    tensor per device type, has one) and is moved off ``meta``: torch cannot copy what
+    has no values, and its advice, ``to_empty``, unties the model."""
+    if device.type == "meta" or "meta" not in samples:
         return
     names = meta_tensor_names(model)
     if names:
