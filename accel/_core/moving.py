@@ -60,7 +60,8 @@ def move_model(
         ):
             return model
         capture = RestorePoint(model)  # the one capture: the undo and the tie groups
-        refuse_meta(model, device, capture.device_samples())  # no values: materialize
+        if "meta" in capture.device_samples() and device.type != "meta":
+            refuse_meta(model, device)  # no values to move: materialize instead
         if optimizers:
             check_optimizers_hold(optimizers, model, capture.parameter_ids())
         context = MoveContext(spec.name, device, tie_check)

@@ -105,12 +105,10 @@ def meta_tensor_names(model: nn.Module) -> list[str]:
     ]
 
 
-def refuse_meta(model: nn.Module, device: torch.device, samples: Mapping[str, Any]) -> None:
-    """:raises AcceleratorValueError: ``model`` holds ``meta`` tensors (``samples``, one
-    tensor per device type, has one) and is moved off ``meta``: torch cannot copy what
-    has no values, and its advice, ``to_empty``, unties the model."""
-    if device.type == "meta" or "meta" not in samples:
-        return
+def refuse_meta(model: nn.Module, device: torch.device) -> None:
+    """:raises AcceleratorValueError: ``model``, moved to ``device`` (not ``meta``),
+    holds ``meta`` tensors: torch cannot copy what has no values, and its advice,
+    ``to_empty``, unties the model."""
     names = meta_tensor_names(model)
     if names:
         raise AcceleratorValueError(
