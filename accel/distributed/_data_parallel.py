@@ -11,6 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 from accel.distributed._backends import backend_for_device
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._process_group import DistributedContext, current_context
+from accel.distributed._spmd import current_spmd_context
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
 
 if TYPE_CHECKING:
@@ -63,6 +64,13 @@ def running_context(
         )
     if context is None:
         context = current_context()
+    if context is None and current_spmd_context() is not None:
+        raise DistributedSetupError(
+            f"{caller} runs on a torch.distributed process group, which XLA SPMD "
+            f"(init_spmd()) does not use: under init_spmd() shard with torch_xla's "
+            f"mark_sharding on the model's tensors (both slots of a tie are one tensor), "
+            f"or with torch_xla's FSDPv2 wrapper once accel moved or materialized the model"
+        )
     if context is None or not dist.is_initialized():
         raise DistributedSetupError(
             f"{caller} needs a running process group and found none; call "

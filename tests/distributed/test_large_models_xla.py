@@ -163,14 +163,6 @@ def test_under_spmd_init_process_group_is_pointed_at_init_spmd(
 
 
 @pytest.mark.xla
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "under SPMD these say 'call accel.distributed.init_process_group() first', which "
-        "SPMD refuses: running_context (accel/distributed/_data_parallel.py) does not look "
-        "at current_spmd_context(); the fix is there, in a file of another engineer"
-    ),
-)
 @pytest.mark.parametrize("entry", ["fully_shard_tied", "parallelize_tied", "wrap_data_parallel"])
 def test_under_spmd_the_process_group_entries_say_what_shards_there(
     spmd: dict[str, Any], entry: str
