@@ -39,7 +39,13 @@ if TYPE_CHECKING:
         init_process_group,
         process_group,
     )
-    from accel.distributed._spmd import SpmdContext, current_spmd_context, init_spmd, shard_batch
+    from accel.distributed._spmd import (
+        SpmdContext,
+        current_spmd_context,
+        init_spmd,
+        shard_batch,
+        spmd_fully_shard_tied,
+    )
     from accel.distributed._tensor_parallel import parallelize_tied
 
 __all__ = [
@@ -60,6 +66,7 @@ __all__ = [
     "read_launch_environment",
     "save_sharded",
     "shard_batch",
+    "spmd_fully_shard_tied",
     "wrap_data_parallel",
 ]
 
@@ -81,6 +88,7 @@ _DEFINED_IN = {
     "read_launch_environment": "accel.distributed._launchers",
     "save_sharded": "accel.distributed._checkpoint",
     "shard_batch": "accel.distributed._spmd",
+    "spmd_fully_shard_tied": "accel.distributed._spmd",
     "wrap_data_parallel": "accel.distributed._data_parallel",
 }
 

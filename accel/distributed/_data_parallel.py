@@ -69,7 +69,7 @@ def running_context(
             f"{caller} runs on a torch.distributed process group, which XLA SPMD "
             f"(init_spmd()) does not use: under init_spmd() shard with torch_xla's "
             f"mark_sharding on the model's tensors (both slots of a tie are one tensor), "
-            f"or with torch_xla's FSDPv2 wrapper once accel moved or materialized the model"
+            f"or with accel.distributed.spmd_fully_shard_tied(model) (FSDPv2, ties kept)"
         )
     if context is None or not dist.is_initialized():
         raise DistributedSetupError(

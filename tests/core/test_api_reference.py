@@ -1,6 +1,6 @@
 """docs/api.md is the public API, all of it: the test keeps the page and the package's
 ``__all__`` lists equal, name for name (see docs/architecture.md), and the surface
-small: at most 121 names, each public in one module."""
+small: at most 122 names, each public in one module."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ PACKAGE = Path(accel.__file__).parent
 API_PAGE = PACKAGE.parent / "docs" / "api.md"
 
 #: The most distinct public names accel keeps: every name a user, a plugin author or an
-#: embedding library has to learn, a re-export counted once (120, and the contract's
-#: parallelize_tied for large models).
-MAX_PUBLIC_NAMES = 121
+#: embedding library has to learn, a re-export counted once (120, and two for large
+#: models: the contract's parallelize_tied and, on XLA, spmd_fully_shard_tied).
+MAX_PUBLIC_NAMES = 122
 #: The modules ``accel`` itself is made of: the top level re-exports names of these only.
 TOP_MODULES = (
     "accel.accelerator",
@@ -210,7 +210,7 @@ def test_the_all_check_finds_a_module_without_one() -> None:
     assert _without_all(sources) == ["accel.plugins.cpu"]
 
 
-def test_the_surface_is_at_most_121_names() -> None:
+def test_the_surface_is_at_most_122_names() -> None:
     objects = _public_objects()
     assert len(objects) <= MAX_PUBLIC_NAMES, (
         f"{len(objects)} public names (a re-export counted once), at most "

@@ -145,7 +145,7 @@ def test_accels_fsdpv2_entry_keeps_the_tie_or_says_why_not(
 
 
 def test_accels_fsdpv2_entry_needs_init_spmd() -> None:
-    from accel.distributed._spmd import spmd_fully_shard_tied
+    from accel.distributed import spmd_fully_shard_tied
 
     model = TiedLM()
     with pytest.raises(adist.DistributedSetupError, match=r"init_spmd\(\); call it first"):

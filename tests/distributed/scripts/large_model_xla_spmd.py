@@ -173,7 +173,7 @@ def accel_fsdpv2(context: Any, mesh: Any, policy: Any) -> dict[str, Any]:
         SpmdFullyShardedDataParallel as FSDPv2,
     )
 
-    from accel.distributed._spmd import spmd_fully_shard_tied
+    from accel.distributed import spmd_fully_shard_tied
 
     found: dict[str, Any] = {}
     model = TiedLM()  # on the CPU: FSDPv2 alone unties it
