@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +42,25 @@ def reset_every_module(model: nn.Module, fresh: set[int]) -> None:
 
     Values come out as in a one-process build, where each module's constructor draws
     in that order: a tied weight keeps the values of its first module (a later module
-    draws for it, as its constructor did, but its draws are dropped), and a sharded
-    tensor is drawn at its full size, of which this rank keeps its own shard.
+    draws for it, as its constructor did, but its draws are dropped; after the last
+    module that writes, nothing is drawn), and a sharded tensor is drawn at its full
+    size, of which this rank keeps its own shard.
     """
+    resetting = [
+        (module, reset) for module in _children_first(model) if (reset := _reset_of(module))
+    ]
+    # The last module that writes a tensor no module before it wrote: the draws of the
+    # modules after it would all be dropped, so they are not made (the values are the
+    # same; the generator is left where the last kept draw left it).
+    first_writers = set()
+    claimed: set[int] = set()
+    for position, (module, _) in enumerate(resetting):
+        for tensor in (*module._parameters.values(), *module._buffers.values()):
+            if tensor is not None and id(tensor) in fresh and id(tensor) not in claimed:
+                claimed.add(id(tensor))
+                first_writers.add(position)
     written: set[int] = set()
-    for module in _children_first(model):
-        reset = getattr(module, "reset_parameters", None)
-        if not callable(reset):
-            reset = getattr(module, "_reset_parameters", None)
-        if not callable(reset):
-            continue
+    for module, reset in resetting[: max(first_writers, default=-1) + 1]:
         own = {**module._parameters, **module._buffers}
         stand_ins = {
             name: _full_stand_in(tensor)
@@ -64,6 +73,15 @@ def reset_every_module(model: nn.Module, fresh: set[int]) -> None:
         else:
             _reset_through(module, stand_ins, written)
         written.update(id(t) for t in own.values() if t is not None and id(t) in fresh)
+
+
+def _reset_of(module: nn.Module) -> Callable[[], object] | None:
+    """The module's ``reset_parameters()``, or torch's own ``_reset_parameters()``."""
+    for name in ("reset_parameters", "_reset_parameters"):
+        reset = getattr(module, name, None)
+        if callable(reset):
+            return reset  # type: ignore[no-any-return]
+    return None
 
 
 def _children_first(model: nn.Module) -> list[nn.Module]:
@@ -96,9 +114,8 @@ def _reset_through(
         **_as_slots(module._parameters, stand_ins),
     }
     double.__dict__["_buffers"] = {**module._buffers, **_as_slots(module._buffers, stand_ins)}
-    reset = getattr(double, "reset_parameters", None)
-    if not callable(reset):
-        reset = getattr(double, "_reset_parameters")  # noqa: B009  (torch's own modules)
+    reset = _reset_of(double)
+    assert reset is not None  # the module's own, found on the copy
     reset()
     with torch.no_grad():
         for name, real in {**module._parameters, **module._buffers}.items():
