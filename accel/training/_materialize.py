@@ -78,7 +78,7 @@ def materialize_model(
         capture.mark_moved()
         kept.finish(model, model, device, context, "")
         fresh = _fresh_tensors(before, empty_slots)
-        versions = {id(tensor): tensor._version for tensor in fresh.values()}
+        versions = {id(tensor): _version(tensor) for tensor in fresh.values()}
         if load is not None:  # 2.
             fill_from(model, load, device)
         elif init is not None:
@@ -202,7 +202,7 @@ def _check_written(
     unwritten = [
         name
         for name, tensor in fresh.items()
-        if slots.get(name) is tensor and tensor._version == versions[id(tensor)]
+        if slots.get(name) is tensor and _version(tensor) == versions[id(tensor)]
     ]
     if unwritten:
         raise AcceleratorValueError(
@@ -213,6 +213,13 @@ def _check_written(
             f"reset_parameters(), or build {'them' if len(unwritten) > 1 else 'it'} off "
             f"meta so the value is kept"
         )
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """A count that any write into ``tensor`` moves: a DTensor's own counter and its
+    local shard's, as DCP writes into the shard alone."""
+    local = getattr(tensor, "_local_tensor", None)
+    return int(tensor._version) + (int(local._version) if local is not None else 0)
 
 
 def _what_filled(init: object, load: object) -> str:

@@ -25,7 +25,6 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import accel
 import accel.distributed as adist
-from accel.errors import AcceleratorValueError
 from accel.training.checkpoint import checkpoint_path, latest_checkpoint, list_checkpoints
 from helpers.distributed import (  # noqa: F401  (an autouse fixture)
     SCRIPTS,
@@ -349,18 +348,6 @@ def test_a_rank_killed_mid_save_leaves_the_last_complete_checkpoint_with_its_tie
     _assert_equal(gathered(model), _parameters(uninterrupted["saved"]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AcceleratorValueError,
-    reason=(
-        "accel bug: acc.materialize(model, load=<save_sharded directory>) refuses every "
-        "DTensor of a model split by parallelize_tied/fully_shard_tied ('load= wrote no "
-        "values into embed.weight, ...'): DCP copies into each DTensor's local shard, "
-        "which leaves the DTensor's own _version where it was, and _check_written "
-        "(accel/training/_materialize.py) reads that counter. docs/large-models.md "
-        "promises this load; seen on 1x1, 1x2, 2x2 and 4x1 meshes"
-    ),
-)
 def test_materialize_loads_a_2x2_checkpoint_straight_into_the_sharded_recipe(
     saved_on_2x2: Path, uninterrupted: dict[str, Any]
 ) -> None:
