@@ -45,6 +45,14 @@ def _need_device_backend(item: pytest.Item, name: str) -> None:
 def _clean_accel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("ACCEL_ACCELERATOR", "ACCEL_PLUGINS", "ACCEL_DISABLE_PLUGIN_AUTOLOAD"):
         monkeypatch.delenv(name, raising=False)
+    # Importing torch_xla sets PJRT_DEVICE=CPU for the whole process (Lightning's "auto"
+    # imports it wherever it is installed), and every later test would find XLA:CPU
+    # configured: put it back as it was after each test. setenv records the value to
+    # restore, unset included; delenv of an unset variable would record nothing.
+    pjrt_device = os.environ.get("PJRT_DEVICE")
+    monkeypatch.setenv("PJRT_DEVICE", pjrt_device or "")
+    if pjrt_device is None:
+        monkeypatch.delenv("PJRT_DEVICE")
 
 
 @pytest.fixture

@@ -173,14 +173,7 @@ def doc_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(accel, "_default_registry", None)
     monkeypatch.setenv("ACCEL_DISABLE_PLUGIN_AUTOLOAD", "1")
     monkeypatch.chdir(tmp_path)  # blocks that save files save them here
-    # A block may import torch_xla (Lightning's "auto" probes for it), which sets
-    # PJRT_DEVICE for the whole process: put it back as it was for the tests after.
-    # (setenv records the value to restore, unset included; delenv of an unset
-    # variable would record nothing.)
-    pjrt_device = os.environ.get("PJRT_DEVICE")
-    monkeypatch.setenv("PJRT_DEVICE", pjrt_device or "")
-    if pjrt_device is None:
-        monkeypatch.delenv("PJRT_DEVICE")
+    # PJRT_DEVICE, which a block importing torch_xla sets, is put back by conftest.
 
 
 @pytest.mark.usefixtures("doc_environment")
