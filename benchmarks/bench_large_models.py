@@ -262,9 +262,9 @@ def materialize_tables(repeats: int) -> tuple[float, float]:
             f"{verdict(time_ratio <= MATERIALIZE_TIME_GOAL)}; in CPU time (the process's, "
             f"which other processes on the machine inflate less): {fmt_ratio(cpu_ratio)}, "
             f"{verdict(cpu_ratio <= MATERIALIZE_TIME_GOAL)}",
-            f"both draw the head's {embedding // 4 / 1e6:.1f}M values: torch into the "
-            f"head's own (untied) weight, accel into a stand-in whose draws it drops, so "
-            f"a one-process build's random stream is kept",
+            f"torch draws the head's {embedding // 4 / 1e6:.1f}M values into its own "
+            f"(untied) weight; accel draws nothing for it, the head being the last "
+            f"module that writes (the stand-ins drawn are counted below)",
         ],
     )
     stand_ins = profile["stand_ins"]
