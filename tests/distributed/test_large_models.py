@@ -10,9 +10,7 @@ runs once a test run (shared by pytest-xdist's workers) and the tests read its r
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ import accel.distributed as adist
 from accel.training.checkpoint import checkpoint_path, latest_checkpoint, list_checkpoints
 from helpers.distributed import (  # noqa: F401  (an autouse fixture)
     SCRIPTS,
+    made_once,
     no_launcher_and_no_group,
     run_torchrun,
     worker_env,
@@ -47,26 +46,6 @@ CHECKPOINTS = str(SCRIPTS / "large_model_checkpoints.py")
 STEPS = 3  # large_model_checkpoints.py's: saved after 3 steps, 3 more after
 #: Where each mesh is loaded: the 4-rank meshes share one launch.
 LAUNCHES = {"2x2": ("2x2,4x1", 4), "4x1": ("2x2,4x1", 4), "1x2": ("1x2", 2)}
-
-
-def _once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
-    """The directory ``make`` fills, made once a test run; the tests only read it.
-
-    Under pytest-xdist the workers share it (as tests/distributed/conftest.py's
-    ``uninterrupted``): the first to need it makes it, under a lock the others wait on,
-    aside, renamed once complete, so a failed launch leaves nothing taken for done.
-    """
-    root = factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the one base directory of this run's workers
-    directory = root / name
-    with (root / f".{name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not directory.exists():
-            partial = factory.mktemp(f"{name}-partial")
-            make(partial)
-            partial.rename(directory)
-    return directory
 
 
 def _assert_equal(found: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
@@ -96,7 +75,7 @@ def tensor_parallel(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, 
         done = run_torchrun([TENSOR_PARALLEL, str(directory)], nproc=2, env=worker_env())
         assert done.returncode == 0, done.stdout[-4000:]
 
-    directory = _once(tmp_path_factory, "large-model-tensor-parallel", launch)
+    directory = made_once(tmp_path_factory, "large-model-tensor-parallel", launch)
     return [torch.load(directory / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
 
 
@@ -201,7 +180,7 @@ def saved_on_2x2(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert (directory / "killed.json").is_file(), done.stdout[-4000:]
         assert (directory / "2x2.pt").is_file(), done.stdout[-4000:]
 
-    return _once(tmp_path_factory, "large-model-saved-2x2", launch)
+    return made_once(tmp_path_factory, "large-model-saved-2x2", launch)
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +203,7 @@ def loaded(
             done = run_torchrun(args, nproc=nproc, env=worker_env())
             assert done.returncode == 0, done.stdout[-4000:]
 
-        directory = _once(tmp_path_factory, f"large-model-loaded-{meshes}", launch)
+        directory = made_once(tmp_path_factory, f"large-model-loaded-{meshes}", launch)
         return torch.load(directory / f"{mesh}.pt", weights_only=True)  # type: ignore[no-any-return]
 
     return report

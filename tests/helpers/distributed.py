@@ -4,6 +4,7 @@ after which the whole process group of the launcher is killed."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -159,6 +160,26 @@ def run_workers(
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
     return results
+
+
+def made_once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]) -> Path:
+    """The directory ``make`` fills, made once a test run; the tests only read it.
+
+    Under pytest-xdist the workers share it: the first to need it makes it, under a
+    lock the others wait on, aside, renamed once complete, so a failed launch leaves no
+    directory that another test would take for a finished one.
+    """
+    root = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the one base directory of this run's workers
+    directory = root / name
+    with (root / f".{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not directory.exists():
+            partial = factory.mktemp(f"{name}-partial")
+            make(partial)
+            partial.rename(directory)
+    return directory
 
 
 def read_reports(report_dir: Path, world_size: int) -> list[dict[str, Any]]:
