@@ -105,7 +105,7 @@ def _profile_hooks() -> dict[str, Any]:
     """Wrap materialize's steps (in this child process only) to time them and count
     the full-size stand-ins the default init draws through."""
     from accel.training import _filling, _materialize
-    from accel.tying import _keeping
+    from accel.tying import TyingSnapshot, _capture
 
     found: dict[str, Any] = {"stand_ins": [], "steps": {}}
 
@@ -129,13 +129,13 @@ def _profile_hooks() -> dict[str, Any]:
 
     _filling._full_stand_in = counted_stand_in
     for owner, attribute, label in [
-        (_materialize, "RestorePoint", "the capture (RestorePoint)"),
-        (_materialize, "KeptMove", "KeptMove(...)"),
+        (_capture, "RestorePoint", "the capture (RestorePoint)"),
+        (TyingSnapshot, "_of_slots", "the groups, from the capture"),
         (_materialize, "_allocated", "allocation: empty_like per tensor"),
-        (_keeping.KeptMove, "finish", "KeptMove.finish (re-tie)"),
+        (TyingSnapshot, "_finished", "re-tie (TyingSnapshot._finished)"),
         (_materialize, "reset_every_module", "the init: reset_every_module (stand-ins included)"),
         (_filling, "_reset_through", "reset through a stand-in (_filling._reset_through)"),
-        (_keeping.KeptMove, "still_held", "KeptMove.still_held (check)"),
+        (TyingSnapshot, "check", "the one check (TyingSnapshot.check)"),
         (_materialize, "_check_written", "the written check (_check_written)"),
     ]:
         setattr(owner, attribute, timed_as(label, getattr(owner, attribute)))

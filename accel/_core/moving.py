@@ -17,12 +17,15 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from accel._core.hooks import AcceleratorHooks
-from accel._util.notes import add_note
-from accel.errors import AcceleratorTypeError, AcceleratorValueError
+from accel.errors import AcceleratorTypeError
 from accel.training._materialize import refuse_meta
-from accel.training.step import follow_moved_parameters
-from accel.tying._capture import RestorePoint, SlotContents
-from accel.tying._keeping import KeptMove
+from accel.training._optimizers import (
+    as_optimizer_list,
+    check_optimizers_hold,
+    follow_moved_parameters,
+)
+from accel.tying._capture import RestorePoint, SlotContents, transact
+from accel.tying._keeping import Keeper
 from accel.types import AcceleratorSpec, MoveContext, TieCheck
 
 __all__ = ["move_model", "move_unties"]
@@ -45,7 +48,7 @@ def move_model(
         module, lock = _mp_model_wrapper_parts(model)
         with lock:  # forked processes share the wrapped model's pages: one at a time
             return move_model(hooks, spec, device, tie_check, module, optimizer)
-    optimizers = _as_optimizer_list(optimizer)
+    optimizers = [] if optimizer is None else as_optimizer_list(optimizer)
     # One move of a model at a time: a second thread's snapshot would see the
     # slots the first one emptied for its move. Moves of other models go on.
     with _move_lock(model):
@@ -59,49 +62,60 @@ def move_model(
             and unchanged_by_torch_move(model, device)
         ):
             return model
-        capture = RestorePoint(model)  # the one capture: the undo and the tie groups
-        if "meta" in capture.device_samples() and device.type != "meta":
-            refuse_meta(model, device)  # no values to move: materialize instead
-        if optimizers:
-            check_optimizers_hold(optimizers, model, capture.parameter_ids())
-        context = MoveContext(spec.name, device, tie_check)
-        kept: KeptMove | None = None
-        try:
-            hooks.pre_move_hook(model, device, context)
-            # The ties a move keeps are the model's after every pre_move_hook: where a
-            # plugin has one (it may change them), read again; else the capture's.
-            before = (
-                SlotContents(model)
-                if hooks.answered_by_plugin("pre_move_hook")
-                else capture.slots()
-            )
-            # The declaration only overrides torch's rule; CPU <-> CUDA never gets past it.
-            if spec.unties_weights or move_unties(capture.device_samples(), device):
-                # Hollowed only where torch's own Module.to and _apply move the model: a
-                # plugin's move, or the model's own _apply, may read any slot.
-                hollow = not hooks.answered_by_plugin("model_to_device") and _moved_by_torch(
-                    model, before
-                )
-                kept = KeptMove(before, hollow=hollow)
-            moved, mover = hooks.model_to_device(model, device, context)
-            capture.mark_moved()
-            if isinstance(moved, torch.jit.ScriptModule):
-                kept = None  # TorchScript holds its slots itself: none to read or re-tie
-            elif kept is None and moved is not model:
-                # A module a plugin returned in the model's place is checked on any move:
-                # whatever device it is on, it must have the model's ties.
-                kept = KeptMove(before, hollow=False)
-            if kept is not None:  # before every post_move_hook: each sees it re-tied
-                kept.finish(model, moved, device, context, mover)
-            hooks.post_move_hook(moved, device, context)
-            if kept is not None:
-                kept.still_held(moved, device, context)
-            if optimizers:
-                follow_moved_parameters(optimizers, capture.moved_parameters(moved), device)
-        except BaseException as exc:
-            add_note(exc, _restored_note(device, capture.restore()))
-            raise
-        return moved  # type: ignore[return-value]
+        move = functools.partial(_move, hooks, spec, MoveContext(spec.name, device, tie_check))
+        return transact(  # type: ignore[return-value]
+            model,
+            functools.partial(move, model, optimizers),
+            functools.partial(_restored_note, device),
+        )
+
+
+def _move(
+    hooks: AcceleratorHooks,
+    spec: AcceleratorSpec,
+    context: MoveContext,
+    model: nn.Module,
+    optimizers: list[torch.optim.Optimizer],
+    capture: RestorePoint,
+) -> nn.Module:
+    """The move inside its transaction (:func:`~accel.tying._capture.transact`), from
+    ``capture``, its one capture: one decision, the hooks in order, the ties kept."""
+    device = context.device
+    if "meta" in capture.device_samples() and device.type != "meta":
+        refuse_meta(model, device)  # no values to move: materialize instead
+    if optimizers:
+        check_optimizers_hold(optimizers, model, capture.parameter_ids())
+    hooks.pre_move_hook(model, device, context)
+    # The ties a move keeps are the model's after every pre_move_hook: where a plugin
+    # has one (it may change them), read again; else the capture's.
+    before = SlotContents(model) if hooks.answered_by_plugin("pre_move_hook") else capture.slots()
+
+    def to_device() -> tuple[nn.Module, str]:
+        moved_by = hooks.model_to_device(model, device, context)
+        capture.mark_moved()
+        return moved_by
+
+    def post_move(moved: nn.Module) -> None:
+        hooks.post_move_hook(moved, device, context)
+
+    # The declaration only overrides torch's rule; CPU <-> CUDA never gets past it.
+    if spec.unties_weights or move_unties(capture.device_samples(), device):
+        # Hollowed only where torch's own Module.to and _apply move the model: a
+        # plugin's move, or the model's own _apply, may read any slot.
+        hollow = not hooks.answered_by_plugin("model_to_device") and _moved_by_torch(model, before)
+        moved = Keeper(before, context, post_move).keep(model, to_device, hollow=hollow)
+    else:
+        moved, mover = to_device()
+        if moved is model or isinstance(moved, torch.jit.ScriptModule):
+            post_move(moved)
+        else:
+            # A module a plugin returned in the model's place is checked on any move:
+            # whatever device it is on, it must have the model's ties.
+            returned = (moved, mover)
+            moved = Keeper(before, context, post_move).keep(model, lambda: returned)
+    if optimizers:
+        follow_moved_parameters(optimizers, capture.moved_parameters(moved), device)
+    return moved
 
 
 #: The hooks through which a plugin takes part in a move: with none of them, the move
@@ -302,69 +316,3 @@ def _mp_model_wrapper_parts(obj: object) -> tuple[nn.Module, Any]:
             f"model_to_device(wrapper._model) or pass the model unwrapped"
         )
     return module, lock
-
-
-def _as_optimizer_list(
-    optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None,
-) -> list[torch.optim.Optimizer]:
-    if optimizer is None:
-        return []
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return [optimizer]
-    expected = "optimizer= must be a torch.optim.Optimizer, an iterable of them, or None"
-    if isinstance(optimizer, (torch.nn.Module, str, bytes)) or not isinstance(optimizer, Iterable):
-        raise AcceleratorTypeError(f"{expected}; got {type(optimizer).__name__}")
-    optimizers = list(optimizer)
-    for item in optimizers:
-        if not isinstance(item, torch.optim.Optimizer):
-            raise AcceleratorTypeError(
-                f"{expected}; got an iterable containing {type(item).__name__}"
-            )
-    return optimizers
-
-
-# Shapes shown when an optimizer holds none of the model's parameters.
-_SHAPES_SHOWN = 3
-
-
-def check_optimizers_hold(
-    optimizers: list[torch.optim.Optimizer], model: nn.Module, parameter_ids: set[int]
-) -> None:
-    """Refuse ``optimizers`` (at least one) if none holds any of the model's parameters.
-
-    Such an optimizer was usually built before an earlier move replaced the
-    parameters: retargeting it would change nothing, and the model would never train.
-    Among several optimizers, those holding none are fine as long as one holds some:
-    a caller may pass every optimizer with every model (accelerate's ``prepare(model_a,
-    model_b, opt_a, opt_b)`` does), and an optimizer holding other parameters besides
-    the model's is fine too.
-    """
-    held = [[p for group in opt.param_groups for p in group["params"]] for opt in optimizers]
-    if any(id(p) in parameter_ids for params in held for p in params):
-        return
-    described = [
-        f"{_which(position, optimizer, len(optimizers))} holds {_holding(params)}"
-        for position, (optimizer, params) in enumerate(zip(optimizers, held, strict=True))
-    ]
-    raise AcceleratorValueError(
-        f"optimizer= holds none of the parameters of the model being moved "
-        f"({type(model).__name__}, {len(parameter_ids)} parameters): {'; '.join(described)}. "
-        f"It was probably built on parameters that an earlier move replaced: build it on "
-        f"model.parameters() after that move, or pass it to every move "
-        f"(model_to_device(model, optimizer=...)) so it follows the parameters."
-    )
-
-
-def _which(position: int, optimizer: torch.optim.Optimizer, count: int) -> str:
-    name = type(optimizer).__name__
-    return f"the {name} optimizer" if count == 1 else f"optimizer {position} ({name})"
-
-
-def _holding(params: list[torch.Tensor]) -> str:
-    if not params:
-        return "no parameters at all"
-    shapes = ", ".join(str(tuple(p.shape)) for p in params[:_SHAPES_SHOWN])
-    more = f" and {len(params) - _SHAPES_SHOWN} more" if len(params) > _SHAPES_SHOWN else ""
-    devices = ", ".join(sorted({str(p.device) for p in params}))
-    plural = "s" if len(params) != 1 else ""
-    return f"{len(params)} parameter{plural} (shapes {shapes}{more}; on {devices})"

@@ -18,8 +18,10 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from accel.distributed._data_parallel import check_model_on_device, running_context
 from accel.distributed._errors import DistributedSetupError
+from accel.distributed._structure import ModuleStructure
 from accel.errors import AcceleratorValueError, WeightTyingError
-from accel.tying import TiedGroup, count_unique_parameters, find_tied_parameters
+from accel.tying import TiedGroup, TieReport, TyingSnapshot, find_tied_parameters
+from accel.tying._capture import RestorePoint, transact
 
 if TYPE_CHECKING:
     from torch import nn
@@ -62,7 +64,8 @@ def fully_shard_tied(
         with :func:`init_spmd` there).
     :raises ValueError: a module in ``modules`` is not a submodule of ``model``, or a
         parameter is off ``context.device`` (and not on ``meta``).
-    :raises accel.WeightTyingError: a tie came apart all the same.
+    :raises accel.WeightTyingError: a tie came apart all the same (a module was
+        sharded before); the model is left as it was, as on any failure here.
     """
 
     context = running_context(model, context, "fully_shard_tied")
@@ -72,27 +75,57 @@ def fully_shard_tied(
             "XLA devices use accel.distributed.init_spmd() (SPMD) instead"
         )
     check_model_on_device(model, context, meta=True)
-    groups = find_tied_parameters(model, buffers=False)
-    count_before = count_unique_parameters(model)
     units = plan_shard_units(model, list(modules))
     if mesh is None:
         mesh = init_device_mesh(context.device.type, (context.world_size,))
-    for unit in units:
-        fsdp.fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, **options)
-    fsdp.fully_shard(model, mesh=mesh, **options)
-    broken = [group for group in groups if not group.is_tied()]
-    if broken:
-        count_after = count_unique_parameters(model)
-        names = "; ".join(" = ".join(group.names) for group in broken)
-        raise WeightTyingError(
-            f"fully_shard_tied: tied parameters came apart under FSDP2 ({names}); "
-            f"{count_before} unique parameters before, {count_after} after. Check that "
-            f"no module of the model was sharded with fully_shard before this call",
-            count_before=count_before,
-            count_after=count_after,
-            broken_groups=[group.names for group in broken],
+
+    def shard() -> tuple[nn.Module, str]:
+        for unit in units:
+            fsdp.fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, **options)
+        fsdp.fully_shard(model, mesh=mesh, **options)  # the same module, its class changed
+        return model, ""
+
+    def run(capture: RestorePoint) -> nn.Module:
+        # Checked, never re-tied: FSDP2 sets each of its parameters into the slots it
+        # manages at every unshard and reshard, so a tie re-tied here would come apart
+        # at the next forward.
+        return TyingSnapshot.keep_through(
+            model, capture.slots(), shard, _Refuser(), hollow=False, retie=False
         )
-    return model
+
+    structure = ModuleStructure(model)  # FSDP2's classes, states and hooks
+    return transact(model, run, _failed_note, undo=structure.restore)
+
+
+class _Refuser:
+    """Refuses a tie FSDP2 did not keep (see :class:`accel.tying.TieKeeper`)."""
+
+    settle = None  # nothing runs after the sharding: its check is the one check
+
+    def moved(self, snapshot: TyingSnapshot, moved: nn.Module, report: TieReport, _: str) -> None:
+        # FSDP2 shards no buffer: a tie of buffers is not its to keep.
+        broken = [group for group in report.broken if group.kind == "parameter"]
+        if broken:
+            names = "; ".join(" = ".join(group.names) for group in broken)
+            raise WeightTyingError(
+                f"fully_shard_tied: tied parameters came apart under FSDP2 ({names}); "
+                f"{report.count_before} unique parameters before, {report.count_after} "
+                f"after. Check that no module of the model was sharded with fully_shard "
+                f"before this call",
+                count_before=report.count_before,
+                count_after=report.count_after,
+                broken_groups=[group.names for group in broken],
+            )
+
+    def settled(self, snapshot: TyingSnapshot, moved: nn.Module, report: TieReport) -> None:
+        self.moved(snapshot, moved, report, "")  # never called: settle is None
+
+
+def _failed_note(unrestored: list[str]) -> str:
+    return (
+        "accel: fully_shard_tied failed; the model is as it was before: every module's "
+        "class, parameter and buffer slot, and no FSDP2 state or hook"
+    )
 
 
 def plan_shard_units(model: nn.Module, modules: list[nn.Module]) -> list[list[nn.Module]]:

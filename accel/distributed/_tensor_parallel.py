@@ -24,14 +24,14 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
-from accel._util.notes import add_note
 from accel.distributed._data_parallel import check_model_on_device, running_context
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._process_group import DistributedContext
+from accel.distributed._structure import ModuleStructure
 from accel.errors import AcceleratorTypeError, WeightTyingError
 from accel.tying import TiedGroup, count_unique_parameters, find_tied_parameters
-from accel.tying._capture import RestorePoint
-from accel.tying._keeping import KeptMove
+from accel.tying._capture import RestorePoint, transact
+from accel.tying._keeping import Keeper
 from accel.types import MoveContext
 
 __all__ = ["parallelize_tied"]
@@ -76,21 +76,23 @@ def parallelize_tied(
     groups = find_tied_parameters(model, buffers=False)
     if groups:
         check_placements(model, plan, mesh, groups)
-    capture = RestorePoint(model)  # the one capture: the undo and the tie groups
-    kept = KeptMove(capture.slots(), hollow=False)
+    structure = ModuleStructure(model)
     move = MoveContext(context.accelerator.name, context.device, "error")
-    try:
-        parallelize_module(model, mesh, _as_torch_plan(plan))
-        kept.finish(model, model, context.device, move, "")
-    except BaseException as exc:
-        capture.restore()
-        add_note(
-            exc,
-            "accel: parallelize_tied failed; every parameter slot of the model holds what "
-            "it held before (the forward hooks the plan's styles registered stay)",
-        )
-        raise
-    return model
+
+    def parallelize() -> tuple[nn.Module, str]:
+        return parallelize_module(model, mesh, _as_torch_plan(plan)), ""
+
+    def run(capture: RestorePoint) -> nn.Module:
+        return Keeper(capture.slots(), move).keep(model, parallelize)
+
+    return transact(model, run, _failed_note, undo=structure.restore)
+
+
+def _failed_note(unrestored: list[str]) -> str:
+    return (
+        "accel: parallelize_tied failed; the model holds what it held before: every "
+        "parameter and buffer slot, and no forward hook of the plan's styles"
+    )
 
 
 def check_placements(

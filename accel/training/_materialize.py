@@ -4,7 +4,7 @@ torch's way, ``model.to_empty(device=...)``, gives every slot of a plain ``meta`
 tensor a Parameter of its own (``Module._apply``), so a tied embedding and head
 become two weights. Here the allocation is one transaction with the same capture,
 tie keeping, check and undo as a move (:class:`~accel.tying._capture.RestorePoint`,
-:class:`~accel.tying._keeping.KeptMove`), then the model is filled:
+:class:`~accel.tying._keeping.Keeper`), then the model is filled:
 
 1. every ``meta`` tensor allocated on the device (tensors already off ``meta`` are
    moved with their values), each tie group one Parameter again;
@@ -24,6 +24,7 @@ repeat the draws on every rank of a CPU mesh).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -31,11 +32,10 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from accel._util.notes import add_note
 from accel.errors import AcceleratorTypeError, AcceleratorValueError
 from accel.training._filling import fill_from, listed, reset_every_module
-from accel.tying._capture import RestorePoint, SlotContents, qualified_name
-from accel.tying._keeping import KeptMove
+from accel.tying._capture import RestorePoint, SlotContents, qualified_name, transact
+from accel.tying._keeping import Keeper
 from accel.types import MoveContext, TieCheck
 
 __all__ = ["Init", "Source", "materialize_model", "meta_tensor_names", "refuse_meta"]
@@ -65,31 +65,49 @@ def materialize_model(
             f"materialize: {type(model).__name__} holds no tensor on meta, so there is "
             f"nothing to materialize; move it with model_to_device instead"
         )
-    capture = RestorePoint(model)  # the one capture: the undo and the tie groups
-    before = capture.slots()
-    # Each shared tensor allocated once, where torch's own _apply does the work.
-    hollow = all(type(module)._apply is _MODULE_APPLY for module, *_ in before.modules())
-    kept = KeptMove(before, hollow=hollow)
     context = MoveContext(accelerator, device, tie_check)
+    return transact(
+        model,
+        functools.partial(_materialize, model, context, init, load),
+        functools.partial(_restored_note, device),
+    )
+
+
+def _materialize(
+    model: _Model,
+    context: MoveContext,
+    init: Init | None,
+    load: Source | None,
+    capture: RestorePoint,
+) -> _Model:
+    """The steps of the module docstring, inside the transaction whose one capture is
+    ``capture``."""
+    before, device = capture.slots(), context.device
     # Read now: a DTensor keeps its object through the allocation, its device changed.
     empty_slots = _slots_on_meta(before)
-    try:
-        model._apply(lambda tensor: _allocated(tensor, device))  # type: ignore[no-untyped-call]  # 1.
+    fresh: dict[str, torch.Tensor] = {}  # what was on meta, once allocated and re-tied
+    versions: dict[int, int] = {}  # their counters before the fill
+
+    def allocate() -> tuple[nn.Module, str]:  # 1.
+        model._apply(lambda tensor: _allocated(tensor, device))  # type: ignore[no-untyped-call]
         capture.mark_moved()
-        kept.finish(model, model, device, context, "")
-        fresh = _fresh_tensors(before, empty_slots)
-        versions = {id(tensor): _version(tensor) for tensor in fresh.values()}
-        if load is not None:  # 2.
+        return model, ""
+
+    def fill(model: nn.Module) -> None:  # 2., on the model re-tied
+        fresh.update(_fresh_tensors(before, empty_slots))
+        versions.update((id(tensor), _version(tensor)) for tensor in fresh.values())
+        if load is not None:
             fill_from(model, load, device)
         elif init is not None:
             init(model)
         else:
             reset_every_module(model, set(versions))
-        kept.still_held(model, device, context, _what_filled(init, load))  # 3.
-        _check_written(model, fresh, versions, filled_by=_what_filled(init, load))
-    except BaseException as exc:
-        add_note(exc, _restored_note(device, capture.restore()))
-        raise
+
+    # Each shared tensor allocated once, where torch's own _apply does the work.
+    hollow = all(type(module)._apply is _MODULE_APPLY for module, *_ in before.modules())
+    filled_by = _what_filled(init, load)
+    Keeper(before, context, fill, filled_by).keep(model, allocate, hollow=hollow)
+    _check_written(model, fresh, versions, filled_by=filled_by)  # 3.
     return model
 
 

@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from accel._util.warn import CallerLine, caller_line, warn_at
 from accel.errors import AcceleratorTypeError, AcceleratorValueError, GradientSyncWarning
+from accel.training._optimizers import follow_moved_parameters
 
 __all__ = ["clip_grad_norm"]
 
@@ -257,58 +258,6 @@ def retarget_optimizers(
         if name in now and now[name] is not parameter
     }
     follow_moved_parameters(list(optimizers), moved, device)
-
-
-def follow_moved_parameters(
-    optimizers: Iterable[torch.optim.Optimizer],
-    moved: dict[int, Any],
-    device: torch.device | None,
-) -> None:
-    """Point each optimizer's param groups and state at the moved parameters.
-
-    ``moved`` maps ``id(parameter before)`` to the parameter after. Per-parameter state
-    tensors move to ``device`` (``None``: each new parameter's device), except a
-    non-capturable, non-fused ``step`` counter, which torch keeps on the host (as
-    ``Optimizer.load_state_dict`` does). Everything is computed before anything is
-    changed, so a failure leaves every optimizer as it was. Parameters not in ``moved``
-    are left alone.
-    """
-    plans = [_plan(optimizer, moved, device) for optimizer in optimizers]
-    for optimizer, group_params, state in plans:
-        for group, params in zip(optimizer.param_groups, group_params, strict=True):
-            # In place: some optimizers (LBFGS) keep a reference to this very list.
-            group["params"][:] = params
-        optimizer.state.clear()
-        optimizer.state.update(state)
-
-
-def _plan(
-    optimizer: torch.optim.Optimizer, moved: dict[int, Any], device: torch.device | None
-) -> tuple[torch.optim.Optimizer, list[list[Any]], dict[Any, Any]]:
-    group_params = [
-        [moved.get(id(p), p) for p in group["params"]] for group in optimizer.param_groups
-    ]
-    keep_step_on_host = {
-        id(p): not (group.get("capturable") or group.get("fused"))
-        for group in optimizer.param_groups
-        for p in group["params"]
-    }
-    state: dict[Any, Any] = {}
-    for parameter, values in optimizer.state.items():
-        target = moved.get(id(parameter))
-        if target is None:
-            state[parameter] = values
-            continue
-        state[target] = {
-            key: (
-                value.to(target.device if device is None else device)
-                if isinstance(value, torch.Tensor)
-                and not (key == "step" and keep_step_on_host.get(id(parameter), True))
-                else value
-            )
-            for key, value in values.items()
-        }
-    return optimizer, group_params, state
 
 
 # -- the handle's argument checks, each a clear TypeError/ValueError naming the call ----

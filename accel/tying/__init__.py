@@ -18,22 +18,21 @@ returns names the groups that came apart and the groups that appeared.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol, cast
 
+import torch
 from torch import nn
 
 from accel.tying._capture import (
     ModuleSlots,
     Path,
     SlotContents,
+    counterparts,
     live_slots,
     qualified_name,
 )
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = [
     "TieReport",
@@ -287,12 +286,21 @@ class TyingSnapshot:
         Returns the report of step 3, before any undoing: what ``tie_weights()``
         would have made of the model.
         """
+        return cast(TieReport, self._finished(model, exact=False))  # compared: not exact
+
+    def _finished(self, model: nn.Module, *, exact: bool) -> TieReport | None:
+        """:meth:`finish_move`; ``None`` without comparing where the ties are those of
+        the snapshot by construction: ``exact`` (torch's own move of the hollowed-out
+        model, which gives each remaining slot a tensor of its own) and no slot changed
+        by ``tie_weights()``."""
         self.retie()
         tie_weights = getattr(model, "tie_weights", None)
         after_retie = None  # the slots tie_weights() found, where the model has one
         if callable(tie_weights):
             after_retie = SlotContents(model)
             tie_weights()
+        if exact and (after_retie is None or not after_retie.restore(only_look=True)):
+            return None
         report = replace(self.check(model), tie_weights_called=after_retie is not None)
         if report.ok or after_retie is None:
             return replace(report, kept_as_before=report.ok)
@@ -301,70 +309,92 @@ class TyingSnapshot:
         kept = undone and self.check(model).ok
         return replace(report, tie_weights_undone=undone, kept_as_before=kept)
 
+    @classmethod
+    def keep_through(
+        cls,
+        model: nn.Module,
+        before: SlotContents,
+        move: Callable[[], tuple[nn.Module, str]],
+        keeper: TieKeeper,
+        *,
+        hollow: bool,
+        retie: bool = True,
+    ) -> nn.Module:
+        """A transformation of ``model`` with the ties of ``before`` kept; returns what
+        ``move`` returned.
 
-def format_tie_failure(report: TieReport, device: object, *, raised: bool = True) -> str:
-    """Explain a failed :class:`TieReport`: counts, groups, what accel did, what to do.
+        1. The groups of ``before`` (the transformation's one capture); with ``hollow``,
+           each group's duplicate slots emptied, so each shared tensor crosses once
+           (only where torch's own ``Module._apply`` moves the model).
+        2. ``move()`` transforms the model, returning the result and who moved it (a
+           plugin's name, ``""`` for torch); a module returned in the model's place is
+           re-tied on its counterparts' slots (:func:`counterparts`).
+        3. :meth:`finish_move`, reported to ``keeper.moved``, unless the ties are those
+           of before by construction (:meth:`_finished`). Without ``retie``, only
+           checked (FSDP2 sets its own parameters into its slots at every step).
+        4. ``keeper.settle(moved)`` (the post-move hooks, a materialize's fill), then
+           the check, reported to ``keeper.settled``: one check, unless something but
+           torch's own ``_apply`` moved the model or ``tie_weights()`` changed a slot
+           (then step 3 compares too, so each is told apart).
+        """
+        snapshot, settle = cls._of_slots(before), keeper.settle
+        if hollow:
+            empty_duplicate_slots(list(snapshot.groups))
+        moved, mover = move()
+        if isinstance(moved, torch.jit.ScriptModule):
+            if settle is not None:
+                settle(moved)  # TorchScript holds its slots itself: none to read or re-tie
+            return moved
+        if moved is not model:
+            snapshot = snapshot._rebased(before, counterparts(before, moved))
+        # With nothing to settle, the check after the move is the one check.
+        exact = hollow and moved is model and settle is not None
+        report = snapshot._finished(moved, exact=exact) if retie else snapshot.check(moved)
+        if report is not None:
+            keeper.moved(snapshot, moved, report, mover)
+        if settle is not None:
+            settle(moved)
+            keeper.settled(snapshot, moved, snapshot.check(moved))
+        return moved
 
-    :param raised: the text is a :class:`~accel.WeightTyingError`'s; ``False``: a
-        :class:`~accel.TyingWarning`'s, the move having gone ahead.
-    """
-    what = {(True, False): "tied weights came apart", (False, True): "new ties appeared"}.get(
-        (bool(report.broken), bool(report.appeared)), "tied weights changed"
-    )
-    lines = [
-        f"{what} moving the model to {device}. "
-        f"Layer count: [Before: {report.count_before} After: {report.count_after}]"
-    ]
-    if report.broken:
-        lines.append("Groups no longer tied (each was one tensor before the move):")
-        lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in report.broken)
-    if report.appeared:
-        lines.append("Groups newly tied (separate tensors before the move, one tensor after it):")
-        lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in report.appeared)
-    if not report.broken and not report.appeared:
-        lines.append(
-            "Every remembered group is tied and no new tie appeared, but the model now has a "
-            "different number of unique parameters: something created or dropped parameters "
-            "during the move."
-        )
-    if report.tie_weights_undone:
-        lines.append(
-            "accel re-tied the groups it found before the move, then called the model's "
-            "tie_weights(), which changed them; a move never changes which tensors are tied, "
-            "so accel undid what tie_weights() changed."
-        )
-    elif report.tie_weights_called:
-        lines.append(
-            "accel re-tied the groups it found before the move and called the model's "
-            "tie_weights(), which changed nothing."
-        )
-    else:
-        lines.append("accel re-tied the groups it found before the move.")
-    if report.appeared and report.tie_weights_called:
-        lines.append(
-            "A new tie usually means a checkpoint saved untied was loaded with a config that "
-            "ties (such as tie_word_embeddings=True): load it with the config its weights "
-            "were saved with, or tie the weights yourself before the move if you want them "
-            "tied (that replaces the trained weights of the tied-to slots)."
-        )
-    if report.broken:
-        lines.append(
-            "If the model's tie_weights() unties weights on purpose, or replaces them, fix it."
-        )
-    if raised:
-        lines.append(
-            "To move anyway, keeping the ties the model had before the move, pass "
-            "tie_check='warn' (or 'off') to get_accelerator()."
-        )
-    elif report.kept_as_before:
-        lines.append(
-            "The move went ahead: the model keeps the ties and values it had before the "
-            "move. Pass tie_check='off' to get_accelerator() to silence this warning."
-        )
-    else:
-        lines.append(
-            "The move went ahead, but accel could not bring the model back to the ties it "
-            "had before the move: it has the ties above. Pass tie_check='error' to "
-            "get_accelerator() to have such a move undone instead."
-        )
-    return "\n".join(lines)
+    def _rebased(self, before: SlotContents, found: dict[int, nn.Module]) -> TyingSnapshot:
+        """The groups pointing at the slots of the module that replaced the captured
+        one (``found``: see :func:`counterparts`). A slot whose module has no
+        counterpart holds nothing, so its group reports broken. The captured model's
+        modules the replacement does not hold get back what was hollowed out for the
+        move: the model the caller passed stays as it was."""
+        held = before.tensors()
+        missing = nn.Module()  # stands for a module the replacement lacks
+        # Slots that stay empty whatever re-tying puts in them: such a group stays broken.
+        missing.__dict__["_parameters"] = missing.__dict__["_buffers"] = _AlwaysEmpty()
+        groups = []
+        for group in self.groups:
+            slots = []
+            for module, name, kind in group.slots:
+                now = found.get(id(module), missing)
+                if now is not module:
+                    _slot_dict(module, kind)[name] = held[(id(module), name, kind)]
+                slots.append((now, name, kind))
+            groups.append(replace(group, slots=tuple(slots)))
+        return replace(self, groups=tuple(groups))
+
+
+class TieKeeper(Protocol):
+    """What :meth:`TyingSnapshot.keep_through` reports to (:class:`accel.tying._keeping.Keeper`:
+    warn, raise or put back, by ``tie_check``), and what it settles with."""
+
+    @property
+    def settle(self) -> Callable[[nn.Module], object] | None: ...
+
+    def moved(
+        self, snapshot: TyingSnapshot, moved: nn.Module, report: TieReport, mover: str
+    ) -> None: ...
+
+    def settled(self, snapshot: TyingSnapshot, moved: nn.Module, report: TieReport) -> None: ...
+
+
+class _AlwaysEmpty(dict[str, "torch.Tensor | None"]):
+    """A module's slot registry that holds nothing, whatever is put in it."""
+
+    def __setitem__(self, key: str, value: torch.Tensor | None) -> None:
+        pass

@@ -1,4 +1,5 @@
-"""The one capture a move takes of a model, and the undo of a failed move.
+"""The transaction of every transformation of a model (:func:`transact`): its one
+capture, and the undo when it fails.
 
 :class:`SlotContents` holds every module's parameter, buffer and submodule slots (and
 each module's path) at one moment; the tie groups of a move that unties derive from
@@ -16,11 +17,13 @@ writes in place without bumping the counter stays invisible.)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Callable, Mapping
+from typing import Final, TypeVar
 
 import torch
 from torch import nn
+
+from accel._util.notes import add_note
 
 __all__ = [
     "ModuleSlots",
@@ -30,7 +33,35 @@ __all__ = [
     "counterparts",
     "live_slots",
     "qualified_name",
+    "transact",
 ]
+
+_Result = TypeVar("_Result")
+
+
+def transact(
+    model: nn.Module,
+    run: Callable[[RestorePoint], _Result],
+    failed: Callable[[list[str]], str],
+    *,
+    undo: Callable[[], object] = lambda: None,
+) -> _Result:
+    """One transformation of ``model`` (a move, a materialize, a tensor-parallel or FSDP2
+    split) as a transaction: the one capture, ``run(capture)``, and the one rollback.
+
+    If ``run`` raises, ``undo()`` (what a capture of slots cannot put back, such as
+    FSDP2's module classes) runs, then the capture's restore, and the exception gets
+    the note ``failed(names of the tensors changed in place)``. Every tying step of the
+    transformation runs inside this call: the capture is taken once, and a move never
+    comes back to this module after it left (tests/tying/test_one_transaction.py).
+    """
+    capture = RestorePoint(model)
+    try:
+        return run(capture)
+    except BaseException as exc:
+        undo()
+        add_note(exc, failed(capture.restore()))
+        raise
 
 
 #: A module's qualified path as a linked list, ``(parent path, attribute)``; ``None`` is
@@ -106,10 +137,20 @@ class SlotContents:
         """``(module, path, parameters, buffers, submodules)`` of each module, as captured."""
         return self._saved
 
-    def restore(self) -> bool:
+    def tensors(self) -> dict[tuple[int, str, str], torch.Tensor]:
+        """``(id(module), attribute, slot kind)`` -> the tensor in that slot, as captured."""
+        return {
+            (id(module), name, kind): tensor
+            for module, _, parameters, buffers, _ in self._saved
+            for kind, slots in (("parameter", parameters), ("buffer", buffers))
+            for name, tensor in slots.items()
+            if tensor is not None
+        }
+
+    def restore(self, *, only_look: bool = False) -> bool:
         """Put every captured slot's object back (slots added since are dropped).
 
-        Returns whether any slot had changed.
+        Returns whether any slot had changed; with ``only_look``, nothing is put back.
         """
         changed = False
         for module, _, parameters, buffers, submodules in self._saved:
@@ -122,6 +163,8 @@ class SlotContents:
                 if len(live) != len(saved) or any(
                     live.get(name) is not value for name, value in saved.items()
                 ):
+                    if only_look:
+                        return True
                     changed = True
                     live.clear()
                     live.update(saved)  # type: ignore[arg-type]

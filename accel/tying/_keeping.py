@@ -1,15 +1,18 @@
-"""Tie keeping: the work around a move that unties, written once for every device.
+"""Tie keeping: what a transformation that unties does with its ties, written once for
+every device and every transformation.
 
-The move transaction (:mod:`accel._core.moving`) runs it on every move that torch's
-rule says unties: to or from XLA, ``meta`` or any PrivateUse1 backend. The tying
-logic itself is :mod:`accel.tying` (no plugin machinery); this module adds what a
-move needs around it: hollowing out the duplicate slots, finishing the ties on the
-module the move returned, and the outcome by ``tie_check``.
+A move to or from XLA, ``meta`` or any PrivateUse1 backend (torch's rule), a module a
+plugin returns in the model's place, ``materialize`` and ``parallelize_tied`` run
+:meth:`Keeper.keep` inside their transaction (:func:`accel.tying._capture.transact`).
+The steps are :meth:`accel.tying.TyingSnapshot.keep_through`'s (no plugin machinery);
+this module adds the outcome by ``tie_check``: warn, raise, or put the ties of before
+back, and the messages.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -21,65 +24,56 @@ from accel.tying import (
     TieReport,
     TyingSnapshot,
     _slot_dict,
-    empty_duplicate_slots,
-    format_tie_failure,
 )
-from accel.tying._capture import SlotContents, counterparts
 
 if TYPE_CHECKING:
+    from accel.tying._capture import SlotContents
     from accel.types import MoveContext, TieCheck
 
-__all__ = ["KeptMove", "outcome"]
+__all__ = ["Keeper", "outcome"]
 
 
-class KeptMove:
-    """The ties of one move that unties: remembered from the move's capture, then
-    kept on the module the move returns."""
+@dataclass(frozen=True, slots=True)
+class Keeper:
+    """The ties of ``before`` (a transformation's one capture), kept through a
+    transformation by :meth:`keep`, and reported by ``context.tie_check``.
 
-    __slots__ = ("_before", "_snapshot")
+    What the transformation broke or made that re-tying cannot undo is an error under
+    ``"error"``, a warning under ``"warn"`` (the model then keeps the ties of before,
+    with their values), nothing under ``"off"``; the same for what ``settle`` (which
+    ``settler`` names) changed afterwards.
+    """
 
-    def __init__(self, before: SlotContents, *, hollow: bool) -> None:
-        """Before the move (after every ``pre_move_hook``): the tie groups, derived from
-        ``before``, the move's one capture.
+    before: SlotContents
+    context: MoveContext
+    #: What runs once the model is re-tied: the post-move hooks, a materialize's fill.
+    settle: Callable[[nn.Module], object] | None = None
+    settler: str = "A post_move_hook"
 
-        :param hollow: empty the duplicate slots, so each shared tensor crosses to the
-            device once, not once per slot (on a GPT-2-sized model, the difference
-            between matching a bare move and copying the embedding twice). Only where
-            torch's ``Module.to`` moves the model: a plugin's own move must see it whole.
-            A failed move restores the slots.
-        """
-        self._before = before
-        #: The groups, on the module the move returned once :meth:`finish` ran.
-        self._snapshot = TyingSnapshot._of_slots(before)
-        if hollow:
-            empty_duplicate_slots(list(self._snapshot.groups))
+    def keep(
+        self, model: nn.Module, move: Callable[[], tuple[nn.Module, str]], *, hollow: bool = False
+    ) -> nn.Module:
+        """``move()``, a transformation that unties (or returns a module in the model's
+        place), with the ties of before kept: :meth:`TyingSnapshot.keep_through`."""
+        return TyingSnapshot.keep_through(model, self.before, move, self, hollow=hollow)
 
-    def finish(
-        self,
-        model: nn.Module,
-        moved: nn.Module,
-        device: torch.device,
-        context: MoveContext,
-        mover: str,
+    def moved(
+        self, snapshot: TyingSnapshot, moved: nn.Module, report: TieReport, mover: str
     ) -> None:
-        """After the move: re-tie ``moved`` (``model`` itself, or the module a plugin
-        returned in its place), run its ``tie_weights()``, keep the ties of before, and
-        report by ``context.tie_check`` (see :func:`outcome`).
+        """After the move and the model's ``tie_weights()``, before ``settle``.
 
         :param mover: the plugin whose ``model_to_device`` moved it, as messages name
-            it; ``""``: accel's fallback (torch's ``model.to``) did.
+            it; ``""``: torch did (accel's fallback, ``model.to``, or materialize's
+            allocation).
         """
-        if moved is not model:
-            self._snapshot = self._rebased(counterparts(self._before, moved))
-        report = self._snapshot.finish_move(moved)
-        what = outcome(report, context.tie_check)
+        what = outcome(report, self.context.tie_check)
         if what != "error" and not report.kept_as_before:
             # The move goes ahead: with the ties of before, whatever made the new ones (a
             # plugin's move tying slots re-tying cannot separate), and with their values.
-            kept = _separate_appeared(moved, self._snapshot, self._before)
+            kept = _separate_appeared(moved, snapshot, self.before)
             report = replace(report, kept_as_before=kept)
         # Pre-move hooks ran before the snapshot (what they did is the truth), post-move
-        # hooks are checked apart (still_held), and re-tying undoes what a move unties:
+        # hooks are checked apart (settled), and re-tying undoes what a move unties:
         # what is left came from the model's own tie_weights() (the message says so) or
         # from the move itself, which a plugin's move hook did if one answered.
         blame = ""
@@ -88,59 +82,20 @@ class KeptMove:
                 f"The ties were changed by the model_to_device hook of {mover}, in a way "
                 f"re-tying the groups of before cannot undo. Report this to the plugin's authors."
             )
-        _tell(what, report, device, blame=blame)
+        _tell(what, report, self.context.device, blame=blame)
 
-    def _rebased(self, found: dict[int, nn.Module]) -> TyingSnapshot:
-        """The groups pointing at the slots of the module that replaced the captured
-        one (``found``: see :func:`counterparts`). A slot whose module has no
-        counterpart holds nothing, so its group reports broken. The captured model's
-        modules the replacement does not hold get back what was hollowed out for the
-        move: the model the caller passed stays as it was."""
-        held = _captured_tensors(self._before)
-        missing = nn.Module()  # stands for a module the replacement lacks
-        # Slots that stay empty whatever re-tying puts in them: such a group stays broken.
-        missing.__dict__["_parameters"] = missing.__dict__["_buffers"] = _AlwaysEmpty()
-        groups = []
-        for group in self._snapshot.groups:
-            slots = []
-            for module, name, kind in group.slots:
-                now = found.get(id(module), missing)
-                if now is not module:
-                    _slot_dict(module, kind)[name] = held[(id(module), name, kind)]
-                slots.append((now, name, kind))
-            groups.append(replace(group, slots=tuple(slots)))
-        return replace(self._snapshot, groups=tuple(groups))
-
-    def still_held(
-        self,
-        moved: nn.Module,
-        device: torch.device,
-        context: MoveContext,
-        changer: str = "A post_move_hook",
-    ) -> None:
-        """After every ``post_move_hook`` (or what ``changer`` names): the ties kept are
-        still the model's. Ties it broke or made are reported by ``context.tie_check``
-        like the move's, and under ``"warn"`` and ``"off"`` put back as they were."""
-        report = self._snapshot.check(moved)
-        what = outcome(report, context.tie_check)
+    def settled(self, snapshot: TyingSnapshot, moved: nn.Module, report: TieReport) -> None:
+        """After ``settle`` (every ``post_move_hook``, or what the settler names): the
+        ties kept are still the model's. Ties it broke or made are reported by
+        ``tie_check`` like the move's, and under ``"warn"`` and ``"off"`` put back as
+        they were."""
+        what = outcome(report, self.context.tie_check)
         if what != "error" and not report.ok:
-            self._snapshot.retie()
-            kept = self._snapshot.check(moved).ok or _separate_appeared(
-                moved, self._snapshot, self._before
-            )
+            snapshot.retie()
+            kept = snapshot.check(moved).ok or _separate_appeared(moved, snapshot, self.before)
             report = replace(report, kept_as_before=kept)
-        _tell(what, report, device, note=f"{changer} changed the ties after accel had kept them.")
-
-
-def _captured_tensors(before: SlotContents) -> dict[tuple[int, str, str], torch.Tensor]:
-    """``(id(module), attribute, slot kind)`` -> the tensor in that slot in ``before``."""
-    return {
-        (id(module), name, kind): tensor
-        for module, _, parameters, buffers, _ in before.modules()
-        for kind, slots in (("parameter", parameters), ("buffer", buffers))
-        for name, tensor in slots.items()
-        if tensor is not None
-    }
+        note = f"{self.settler} changed the ties after accel had kept them."
+        _tell(what, report, self.context.device, note=note)
 
 
 def _tell(
@@ -168,13 +123,6 @@ def _tell(
         broken_groups=[group.names for group in report.broken],
         appeared_groups=[group.names for group in report.appeared],
     )
-
-
-class _AlwaysEmpty(dict[str, "torch.Tensor | None"]):
-    """A module's slot registry that holds nothing, whatever is put in it."""
-
-    def __setitem__(self, key: str, value: torch.Tensor | None) -> None:
-        pass
 
 
 def outcome(report: TieReport, tie_check: TieCheck) -> Literal["ok", "warn", "error"]:
@@ -206,7 +154,7 @@ def _separate_appeared(model: nn.Module, snapshot: TyingSnapshot, before: SlotCo
     appeared = snapshot.check(model).appeared
     if not appeared:
         return False  # what differs is no new tie (reported as it is)
-    held = _captured_tensors(before)
+    held = before.tensors()
     for group in appeared:
         shared = group.tensors()[0]
         assert shared is not None  # found in the live slots just now; groups are disjoint
@@ -226,3 +174,71 @@ def _separate_appeared(model: nn.Module, snapshot: TyingSnapshot, before: SlotCo
                 again[id(original)] = back
             _slot_dict(module, kind)[name] = back
     return snapshot.check(model).ok
+
+
+def format_tie_failure(report: TieReport, device: object, *, raised: bool = True) -> str:
+    """Explain a failed :class:`TieReport`: counts, groups, what accel did, what to do.
+
+    :param raised: the text is a :class:`~accel.WeightTyingError`'s; ``False``: a
+        :class:`~accel.TyingWarning`'s, the move having gone ahead.
+    """
+    what = {(True, False): "tied weights came apart", (False, True): "new ties appeared"}.get(
+        (bool(report.broken), bool(report.appeared)), "tied weights changed"
+    )
+    lines = [
+        f"{what} moving the model to {device}. "
+        f"Layer count: [Before: {report.count_before} After: {report.count_after}]"
+    ]
+    if report.broken:
+        lines.append("Groups no longer tied (each was one tensor before the move):")
+        lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in report.broken)
+    if report.appeared:
+        lines.append("Groups newly tied (separate tensors before the move, one tensor after it):")
+        lines.extend(f"  - {group.kind}s {', '.join(group.names)}" for group in report.appeared)
+    if not report.broken and not report.appeared:
+        lines.append(
+            "Every remembered group is tied and no new tie appeared, but the model now has a "
+            "different number of unique parameters: something created or dropped parameters "
+            "during the move."
+        )
+    if report.tie_weights_undone:
+        lines.append(
+            "accel re-tied the groups it found before the move, then called the model's "
+            "tie_weights(), which changed them; a move never changes which tensors are tied, "
+            "so accel undid what tie_weights() changed."
+        )
+    elif report.tie_weights_called:
+        lines.append(
+            "accel re-tied the groups it found before the move and called the model's "
+            "tie_weights(), which changed nothing."
+        )
+    else:
+        lines.append("accel re-tied the groups it found before the move.")
+    if report.appeared and report.tie_weights_called:
+        lines.append(
+            "A new tie usually means a checkpoint saved untied was loaded with a config that "
+            "ties (such as tie_word_embeddings=True): load it with the config its weights "
+            "were saved with, or tie the weights yourself before the move if you want them "
+            "tied (that replaces the trained weights of the tied-to slots)."
+        )
+    if report.broken:
+        lines.append(
+            "If the model's tie_weights() unties weights on purpose, or replaces them, fix it."
+        )
+    if raised:
+        lines.append(
+            "To move anyway, keeping the ties the model had before the move, pass "
+            "tie_check='warn' (or 'off') to get_accelerator()."
+        )
+    elif report.kept_as_before:
+        lines.append(
+            "The move went ahead: the model keeps the ties and values it had before the "
+            "move. Pass tie_check='off' to get_accelerator() to silence this warning."
+        )
+    else:
+        lines.append(
+            "The move went ahead, but accel could not bring the model back to the ties it "
+            "had before the move: it has the ties above. Pass tie_check='error' to "
+            "get_accelerator() to have such a move undone instead."
+        )
+    return "\n".join(lines)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import accel
-from accel._core import moving
+from accel.tying import _capture
 from accel.tying._capture import RestorePoint
 from helpers.models import TiedLM
 from helpers.registries import isolated_registry
@@ -76,15 +76,15 @@ def test_a_cpu_move_of_a_tied_model_enters_few_accel_modules(
 def test_a_cpu_move_with_an_optimizer_enters_only_the_optimizers_module_more(
     registry: accel.AcceleratorRegistry,
 ) -> None:
-    # The optimizers that follow the move are handed over by the training step's module
-    # (accel.training.step, which Lightning's strategies use too): the one module more.
+    # The optimizers that follow the move are checked and handed over by one module
+    # (accel.training._optimizers, which Lightning's strategies use too): the one module more.
     cpu = registry.get_accelerator("cpu")
     model = _OwnApply()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     cpu.model_to_device(model, optimizer=optimizer)
     entered = _accel_modules_entered(lambda: cpu.model_to_device(model, optimizer=optimizer))
-    assert "accel.training.step" in entered
-    assert len(entered - {"accel.training.step"}) <= MOST_MODULES, ", ".join(sorted(entered))
+    assert "accel.training._optimizers" in entered
+    assert len(entered - {"accel.training._optimizers"}) <= MOST_MODULES, ", ".join(sorted(entered))
     assert not any(name.startswith(("accel.plugins.tpu", "accel.tying._k")) for name in entered)
     assert optimizer.param_groups[0]["params"][0] is model.embed.weight
 
@@ -94,13 +94,13 @@ class _CountedCaptures:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.taken = 0
-        real = moving.RestorePoint
+        real = _capture.RestorePoint
 
         def counted(model: torch.nn.Module) -> RestorePoint:
             self.taken += 1
             return real(model)
 
-        monkeypatch.setattr(moving, "RestorePoint", counted)
+        monkeypatch.setattr(_capture, "RestorePoint", counted)
 
 
 class _ReplacesItsWeightThenFails(torch.nn.Linear):

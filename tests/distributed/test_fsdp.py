@@ -79,11 +79,12 @@ def test_shard_in_a_world_of_one_keeps_the_tie() -> None:
     assert len(list(model.parameters())) == 3
 
 
-def test_a_tie_that_came_apart_all_the_same_is_reported(
+def test_a_tie_that_came_apart_all_the_same_is_reported_and_undone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A torch whose fully_shard unties even within one call: the check must notice.
     import torch.distributed.fsdp as fsdp
+    from torch.distributed import _composable_state
 
     real_fully_shard = fsdp.fully_shard
 
@@ -96,10 +97,20 @@ def test_a_tie_that_came_apart_all_the_same_is_reported(
     monkeypatch.setattr(fsdp, "fully_shard", untying_fully_shard)
     context = adist.init_process_group("cpu")
     model = context.accelerator.model_to_device(TiedLM())
+    parameters = list(model.parameters())
     with pytest.raises(accel.WeightTyingError, match=r"embed\.weight = head\.weight") as caught:
         adist.fully_shard_tied(model)
     assert caught.value.broken_groups == [("embed.weight", "head.weight")]
     assert (caught.value.count_before, caught.value.count_after) == (3, 4)
+    # Rolled back whole: FSDP2's class, state and hooks gone, the parameters of before.
+    assert type(model) is TiedLM and not isinstance(model, fsdp.FSDPModule)
+    assert _composable_state._get_module_state(model) is None  # FSDP2 refuses it twice
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert list(model.parameters()) == parameters and model.head.weight is model.embed.weight
+    assert "no FSDP2 state or hook" in "\n".join(caught.value.__notes__)
+    monkeypatch.undo()  # torch's own fully_shard: the same model shards, tied
+    adist.fully_shard_tied(model)
+    assert isinstance(model, fsdp.FSDPModule) and model.head.weight is model.embed.weight
 
 
 def test_shard_needs_a_running_group() -> None:

@@ -17,9 +17,9 @@ from accel.tying import (
     TyingSnapshot,
     count_unique_parameters,
     find_tied_parameters,
-    format_tie_failure,
     retie,
 )
+from accel.tying._keeping import format_tie_failure
 from helpers.models import (
     ALL_MODELS,
     NoParameters,
