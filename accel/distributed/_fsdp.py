@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from accel.distributed._data_parallel import check_model_on_device, running_context
 from accel.distributed._errors import DistributedSetupError
-from accel.distributed._structure import ModuleStructure
+from accel.distributed._structure import ModuleStructure, changed_in_place
 from accel.errors import AcceleratorValueError, WeightTyingError
 from accel.tying import TiedGroup, TieReport, TyingSnapshot, find_tied_parameters
 from accel.tying._capture import RestorePoint, transact
@@ -103,10 +103,10 @@ class _Refuser:
     settle = None  # nothing runs after the sharding: its check is the one check
 
     def moved(self, snapshot: TyingSnapshot, moved: nn.Module, report: TieReport, _: str) -> None:
-        # FSDP2 shards no buffer: a tie of buffers is not its to keep.
-        broken = [group for group in report.broken if group.kind == "parameter"]
+        # FSDP2 shards no buffer: only the parameter slots of a tie are its to keep.
+        broken = [apart for group in report.broken if (apart := _parameters_apart(group))]
         if broken:
-            names = "; ".join(" = ".join(group.names) for group in broken)
+            names = "; ".join(" = ".join(apart) for apart in broken)
             raise WeightTyingError(
                 f"fully_shard_tied: tied parameters came apart under FSDP2 ({names}); "
                 f"{report.count_before} unique parameters before, {report.count_after} "
@@ -114,18 +114,32 @@ class _Refuser:
                 f"before this call",
                 count_before=report.count_before,
                 count_after=report.count_after,
-                broken_groups=[group.names for group in broken],
+                broken_groups=broken,
             )
 
     def settled(self, snapshot: TyingSnapshot, moved: nn.Module, report: TieReport) -> None:
         self.moved(snapshot, moved, report, "")  # never called: settle is None
 
 
+def _parameters_apart(group: TiedGroup) -> tuple[str, ...]:
+    """The names of ``group``'s parameter slots if they no longer hold one object, else
+    nothing."""
+    slots = [
+        (name, tensor)
+        for name, (_, _, kind), tensor in zip(
+            group.names, group.slots, group.tensors(), strict=True
+        )
+        if kind == "parameter"
+    ]
+    first = slots[0][1] if slots else None
+    return () if all(tensor is first for _, tensor in slots) else tuple(n for n, _ in slots)
+
+
 def _failed_note(unrestored: list[str]) -> str:
     return (
         "accel: fully_shard_tied failed; the model is as it was before: every module's "
         "class, parameter and buffer slot, and no FSDP2 state or hook"
-    )
+    ) + changed_in_place(unrestored)
 
 
 def plan_shard_units(model: nn.Module, modules: list[nn.Module]) -> list[list[nn.Module]]:

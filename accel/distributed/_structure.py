@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 from torch.distributed import _composable_state
 
-__all__ = ["ModuleStructure"]
+__all__ = ["ModuleStructure", "changed_in_place"]
 
 # Restored by the capture of slots, object for object; left to it here.
 _SLOTS = frozenset({"_parameters", "_buffers", "_modules"})
@@ -52,7 +52,7 @@ class ModuleStructure:
                 if name in _SLOTS:
                     continue
                 if isinstance(value, _Contents):
-                    live[name] = value.put_back()
+                    live[name] = value.put_back()  # the same table, its entries of before
                 else:
                     live[name] = value
         states = _composable_states()
@@ -72,9 +72,12 @@ class _Contents:
         self.held = dict(table)
 
     def put_back(self) -> dict[Any, Any]:
-        self.table.clear()
-        self.table.update(self.held)
-        return self.table
+        table, held = self.table, self.held
+        # Compared with `is` (hooks and tensors have no useful ==): unchanged, untouched.
+        if len(table) != len(held) or any(table.get(k, self) is not v for k, v in held.items()):
+            table.clear()
+            table.update(held)
+        return table
 
 
 def _copied(attributes: dict[str, Any]) -> dict[str, Any]:
@@ -89,3 +92,11 @@ def _composable_states() -> MutableMapping[nn.Module, Any]:
     fill twice for one module (private, hence read defensively: empty if it moved)."""
     table = getattr(_composable_state, "_module_state_mapping", None)
     return {} if table is None else table
+
+
+def changed_in_place(unrestored: list[str]) -> str:
+    """The end of a failed split's note: the tensors whose values were changed in place
+    (which a restore cannot put back), if any."""
+    if not unrestored:
+        return ""
+    return f"; these kept values written in place since: {', '.join(unrestored)}"

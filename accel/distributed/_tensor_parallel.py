@@ -27,7 +27,7 @@ from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 from accel.distributed._data_parallel import check_model_on_device, running_context
 from accel.distributed._errors import DistributedSetupError
 from accel.distributed._process_group import DistributedContext
-from accel.distributed._structure import ModuleStructure
+from accel.distributed._structure import ModuleStructure, changed_in_place
 from accel.errors import AcceleratorTypeError, WeightTyingError
 from accel.tying import TiedGroup, count_unique_parameters, find_tied_parameters
 from accel.tying._capture import RestorePoint, transact
@@ -92,7 +92,7 @@ def _failed_note(unrestored: list[str]) -> str:
     return (
         "accel: parallelize_tied failed; the model holds what it held before: every "
         "parameter and buffer slot, and no forward hook of the plan's styles"
-    )
+    ) + changed_in_place(unrestored)
 
 
 def check_placements(

@@ -59,8 +59,10 @@ def transact(
     try:
         return run(capture)
     except BaseException as exc:
-        undo()
-        add_note(exc, failed(capture.restore()))
+        try:
+            undo()
+        finally:  # the slots are put back even if undo() fails
+            add_note(exc, failed(capture.restore()))
         raise
 
 

@@ -113,6 +113,16 @@ def test_a_tie_that_came_apart_all_the_same_is_reported_and_undone(
     assert isinstance(model, fsdp.FSDPModule) and model.head.weight is model.embed.weight
 
 
+def test_a_tie_that_is_also_a_buffer_is_judged_on_its_parameters() -> None:
+    # One tensor in two parameter slots and a buffer slot: FSDP2 keeps the parameters
+    # one, and shards no buffer, so the buffer's slot is not its to keep.
+    context = adist.init_process_group("cpu")
+    model = context.accelerator.model_to_device(TiedLM())
+    model.body.register_buffer("shared", model.embed.weight)
+    assert adist.fully_shard_tied(model, [model.embed, model.head]) is model
+    assert model.head.weight is model.embed.weight
+
+
 def test_shard_needs_a_running_group() -> None:
     with pytest.raises(adist.DistributedSetupError, match="fully_shard_tied needs a running"):
         adist.fully_shard_tied(TiedLM())
