@@ -62,10 +62,10 @@ def move_model(
             and unchanged_by_torch_move(model, device)
         ):
             return model
-        move = functools.partial(_move, hooks, spec, MoveContext(spec.name, device, tie_check))
+        context = MoveContext(spec.name, device, tie_check)
         return transact(  # type: ignore[return-value]
             model,
-            functools.partial(move, model, optimizers),
+            functools.partial(_move, hooks, spec, context, model, optimizers),
             functools.partial(_restored_note, device),
         )
 
